@@ -1,0 +1,102 @@
+package archtest
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/weft-fs/weft"
+
+type pkgInfo struct {
+	path    string
+	doc     string
+	imports []string
+}
+
+func listPackages(t *testing.T) []pkgInfo {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}\t{{.Doc}}\t{{join .Imports \" \"}}", "./...")
+	cmd.Dir = "../.."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.String())
+	}
+	var pkgs []pkgInfo
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), "\t", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		pkgs = append(pkgs, pkgInfo{path: parts[0], doc: parts[1], imports: strings.Fields(parts[2])})
+	}
+	return pkgs
+}
+
+// TestImportRules checks that each layer only reaches the layers below it:
+// the client and the FUSE adapter talk to the services through the
+// protocol only, and the services never import the client side.
+func TestImportRules(t *testing.T) {
+	// A forbidden entry is a package path; "x/..." means x and everything
+	// below it.
+	rules := []struct {
+		from      string
+		forbidden []string
+	}{
+		{"client", []string{"meta/...", "data/...", "cluster/...", "mount/...", "internal/cli/..."}},
+		{"mount", []string{"meta/...", "data/...", "cluster/...", "internal/cli/..."}},
+		{"meta", []string{"client/...", "mount/...", "data/...", "internal/cli/..."}},
+		{"data", []string{"client/...", "mount/...", "meta/...", "cluster/...", "internal/cli/..."}},
+		{"cluster", []string{"client/...", "mount/...", "meta", "data/...", "internal/cli/..."}},
+		{"proto", []string{"..."}},
+	}
+	matches := func(pattern, rel string) bool {
+		if pattern == "..." {
+			return true
+		}
+		if base, ok := strings.CutSuffix(pattern, "/..."); ok {
+			return rel == base || strings.HasPrefix(rel, base+"/")
+		}
+		return rel == pattern
+	}
+	pkgs := listPackages(t)
+	if len(pkgs) == 0 {
+		t.Fatal("go list found no packages")
+	}
+	for _, p := range pkgs {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.path, module), "/")
+		for _, r := range rules {
+			if !matches(r.from+"/...", rel) {
+				continue
+			}
+			for _, imp := range p.imports {
+				if !strings.HasPrefix(imp, module+"/") {
+					continue
+				}
+				irel := strings.TrimPrefix(imp, module+"/")
+				if matches(r.from+"/...", irel) {
+					continue // within the same layer
+				}
+				for _, f := range r.forbidden {
+					if matches(f, irel) {
+						t.Errorf("%s imports %s: %s must not depend on %s", rel, irel, r.from, f)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestPackageDocs checks that every package has a doc comment.
+func TestPackageDocs(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if strings.TrimSpace(p.doc) == "" {
+			t.Errorf("package %s has no doc comment", p.path)
+		}
+	}
+}

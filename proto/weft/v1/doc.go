@@ -1,0 +1,5 @@
+// Package weftv1 holds weft's wire protocol: the Meta service (namespace,
+// sessions, cluster manager) and the Data service (chunks on storage
+// targets), generated from meta.proto and data.proto. It imports nothing of
+// weft, so every part can depend on it.
+package weftv1
