@@ -1,0 +1,271 @@
+package chunk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+)
+
+// zeroBlock is BlockSize zeros, for checksumming gaps without a buffer.
+var zeroBlock [BlockSize]byte
+
+// blockPool holds BlockSize buffers for read-modify-write of partial blocks.
+var blockPool = sync.Pool{New: func() any { return new([BlockSize]byte) }}
+
+func (t *Target) chunkPath(id ID) string {
+	return filepath.Join(t.inoDir(id.Ino), strconv.FormatUint(id.Index, 10))
+}
+
+// openChunk returns the chunk's open files with a cache reference taken
+// (release with t.store.files.release), or nil if the chunk does not exist
+// and create is false. The caller holds the chunk's lock (exclusively if
+// create is true).
+func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
+	key := cacheKey{t, id}
+	if f := t.store.files.get(key); f != nil {
+		return f, nil
+	}
+	path := t.chunkPath(id)
+	created := false
+	data, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		if !create {
+			return nil, nil
+		}
+		newDir := false
+		if err := os.Mkdir(t.inoDir(id.Ino), 0o755); err == nil {
+			newDir = true
+		} else if !errors.Is(err, fs.ErrExist) {
+			return nil, t.ioError(fmt.Sprintf("create directory for %v", id), err)
+		}
+		data, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			created = true
+			t.markNewEntry(id.Ino, newDir)
+		}
+	}
+	if err != nil {
+		return nil, t.ioError(fmt.Sprintf("open %v", id), err)
+	}
+	crc, err := os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		data.Close()
+		return nil, t.ioError(fmt.Sprintf("open checksums of %v", id), err)
+	}
+	f := &chunkFile{key: key, data: data, crc: crc}
+	if !created {
+		info, err := data.Stat()
+		if err != nil {
+			f.close()
+			return nil, t.ioError(fmt.Sprintf("stat %v", id), err)
+		}
+		f.size = info.Size()
+	} else {
+		t.numChunks.Add(1)
+	}
+	return t.store.files.add(f), nil
+}
+
+func checkRange(id ID, off int64, n int, limit int64) error {
+	if off < 0 || n < 0 || limit <= 0 || limit > MaxChunkSize || off+int64(n) > limit {
+		return fmt.Errorf("%v: range [%d, %d) outside a chunk of %d bytes (chunk size must be 1 B..64 MiB): %w",
+			id, off, off+int64(n), limit, syscall.EINVAL)
+	}
+	return nil
+}
+
+// Write writes data at offset off of the chunk, creating it if needed. The
+// chunk is cut into chunkSize-byte pieces of a file: a write past chunkSize
+// fails with EINVAL. A write past the chunk's end extends it, the gap
+// reading as zeros. With sync, the chunk (and a new file's directory entry)
+// is on stable storage when Write returns.
+func (t *Target) Write(id ID, off int64, data []byte, chunkSize int64, sync bool) error {
+	if err := checkRange(id, off, len(data), chunkSize); err != nil {
+		return fmt.Errorf("write to target %s: %w", t.dir, err)
+	}
+	if len(data) == 0 {
+		if sync {
+			return t.SyncFile(id.Ino)
+		}
+		return nil
+	}
+	il, cl := t.inoLock(id.Ino), t.chunkLock(id)
+	il.RLock()
+	defer il.RUnlock()
+	cl.Lock()
+	defer cl.Unlock()
+	f, err := t.openChunk(id, true)
+	if err != nil {
+		return err
+	}
+	defer t.store.files.release(f)
+	if err := t.writeLocked(f, id, off, data); err != nil {
+		return err
+	}
+	if !sync {
+		t.markDirty(id)
+		return nil
+	}
+	if err := t.syncChunk(f, id); err != nil {
+		return err
+	}
+	t.clearDirty(id)
+	return t.syncEntries(id.Ino)
+}
+
+// writeLocked writes data at off and the checksums of every block whose
+// content changes. Only blocks partly kept from before are read (and
+// verified); blocks wholly overwritten or in a zero gap are checksummed
+// from memory.
+func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte) error {
+	oldSize := f.size
+	end := off + int64(len(data))
+	newSize := max(oldSize, end)
+	first, last := min(off, oldSize)/BlockSize, (end-1)/BlockSize
+	sums := make([]byte, crcBytes*(last-first+1))
+	for b := first; b <= last; b++ {
+		bs := b * BlockSize
+		be := min(bs+BlockSize, newSize)
+		ds, de := max(off, bs), min(end, be) // part of the block the write covers
+		var sum uint32
+		switch {
+		case off <= bs && end >= be:
+			sum = crc32.Checksum(data[bs-off:be-off], castagnoli)
+		case bs >= oldSize: // no old bytes: zeros up to the write, then data
+			sum = crc32.Update(0, castagnoli, zeroBlock[:min(ds, be)-bs])
+			if ds < de {
+				sum = crc32.Update(sum, castagnoli, data[ds-off:de-off])
+			}
+		default:
+			var err error
+			if sum, err = t.mergeBlock(f, id, b, oldSize, be, data, off); err != nil {
+				return err
+			}
+		}
+		binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
+	}
+	if _, err := f.data.WriteAt(data, off); err != nil {
+		t.undoExtend(f, oldSize, end)
+		return t.ioError(fmt.Sprintf("write %v at offset %d", id, off), err)
+	}
+	if _, err := f.crc.WriteAt(sums, first*crcBytes); err != nil {
+		t.undoExtend(f, oldSize, end)
+		return t.ioError(fmt.Sprintf("write checksums of %v", id), err)
+	}
+	f.size = newSize
+	t.usedBytes.Add(newSize - oldSize)
+	return nil
+}
+
+// mergeBlock returns the checksum of block b after the write: its old bytes
+// (verified), zeros up to be where the chunk grows, and data over them.
+func (t *Target) mergeBlock(f *chunkFile, id ID, b, oldSize, be int64, data []byte, off int64) (uint32, error) {
+	buf := blockPool.Get().(*[BlockSize]byte)
+	defer blockPool.Put(buf)
+	bs := b * BlockSize
+	oldEnd := min(bs+BlockSize, oldSize)
+	if err := t.readBlocks(f, id, buf[:oldEnd-bs], b); err != nil {
+		return 0, err
+	}
+	clear(buf[oldEnd-bs : be-bs])
+	ds, de := max(off, bs), min(off+int64(len(data)), be)
+	if ds < de {
+		copy(buf[ds-bs:de-bs], data[ds-off:de-off])
+	}
+	return crc32.Checksum(buf[:be-bs], castagnoli), nil
+}
+
+// undoExtend cuts a chunk back to its old length after a failed extending
+// write, so that its length keeps matching its checksums.
+func (t *Target) undoExtend(f *chunkFile, oldSize, end int64) {
+	if end > oldSize {
+		f.data.Truncate(oldSize)
+		f.crc.Truncate(crcBytes * ((oldSize + BlockSize - 1) / BlockSize))
+	}
+}
+
+// readBlocks reads buf from the chunk starting at block first (buf is
+// whole blocks, except that it may end at the chunk's end) and verifies
+// every block's checksum.
+func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error {
+	n, err := f.data.ReadAt(buf, first*BlockSize)
+	if n < len(buf) {
+		if err == nil || err == io.EOF {
+			err = fmt.Errorf("chunk file shorter than expected (%d bytes at block %d): %w", n, first, syscall.EIO)
+		}
+		return t.ioError(fmt.Sprintf("read %v", id), err)
+	}
+	nblocks := (int64(len(buf)) + BlockSize - 1) / BlockSize
+	var small [16 * crcBytes]byte
+	sums := small[:0]
+	if nblocks > 16 {
+		sums = make([]byte, 0, nblocks*crcBytes)
+	}
+	sums = sums[:nblocks*crcBytes]
+	m, err := f.crc.ReadAt(sums, first*crcBytes)
+	if err != nil && err != io.EOF {
+		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+	}
+	for i := range nblocks {
+		block := buf[i*BlockSize : min((i+1)*BlockSize, int64(len(buf)))]
+		got := crc32.Checksum(block, castagnoli)
+		if int64(m) < (i+1)*crcBytes {
+			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Computed: got, Missing: true})
+		}
+		if want := binary.LittleEndian.Uint32(sums[i*crcBytes:]); got != want {
+			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Stored: want, Computed: got})
+		}
+	}
+	return nil
+}
+
+func (t *Target) corrupt(e *CorruptionError) error {
+	t.store.log.Error("chunk checksum mismatch: data on disk is corrupt",
+		"ino", e.Chunk.Ino, "index", e.Chunk.Index, "target", e.Target, "block", e.Block,
+		"stored", fmt.Sprintf("%08x", e.Stored), "computed", fmt.Sprintf("%08x", e.Computed), "missing", e.Missing)
+	return e
+}
+
+// Read returns up to length bytes of the chunk from offset off, verifying
+// the checksum of every block touched. The result is shorter than length
+// (possibly empty) where the chunk ends or does not exist: the rest reads
+// as zeros. A checksum mismatch fails with a *CorruptionError (wrapping
+// syscall.EIO), never with wrong data.
+func (t *Target) Read(id ID, off int64, length int) ([]byte, error) {
+	if err := checkRange(id, off, length, MaxChunkSize); err != nil {
+		return nil, fmt.Errorf("read from target %s: %w", t.dir, err)
+	}
+	if length == 0 {
+		return nil, nil
+	}
+	il, cl := t.inoLock(id.Ino), t.chunkLock(id)
+	il.RLock()
+	defer il.RUnlock()
+	cl.RLock()
+	defer cl.RUnlock()
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return nil, err
+	}
+	defer t.store.files.release(f)
+	if off >= f.size {
+		return nil, nil
+	}
+	end := min(off+int64(length), f.size)
+	first := off / BlockSize
+	alignedStart := first * BlockSize
+	alignedEnd := min(((end-1)/BlockSize+1)*BlockSize, f.size)
+	buf := make([]byte, alignedEnd-alignedStart)
+	if err := t.readBlocks(f, id, buf, first); err != nil {
+		return nil, err
+	}
+	return buf[off-alignedStart : end-alignedStart], nil
+}
