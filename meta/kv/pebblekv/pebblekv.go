@@ -117,7 +117,10 @@ func (t *txn) Get(key []byte) ([]byte, bool, error) {
 }
 
 func (t *txn) Scan(start, end []byte, fn func(key, value []byte) (bool, error)) error {
-	opts := &pebble.IterOptions{LowerBound: start}
+	opts := &pebble.IterOptions{}
+	if len(start) > 0 {
+		opts.LowerBound = start
+	}
 	if len(end) > 0 {
 		opts.UpperBound = end
 	}

@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+
+	"github.com/weft-fs/weft/meta/kv"
+)
+
+// Key schema of the cluster manager. Every key starts with "c/" (the
+// namespace owns "n/"). Ids are written as 16 hex digits so keys sort by
+// id and stay readable in a dump.
+//
+//	key                       value
+//	c/server/<id>             serverRecord (JSON)
+//	c/target/<id>             targetRecord (JSON)
+//	c/chain/<id>              chainRecord (JSON)
+//	c/chaintable              chain table version (8 bytes big endian)
+//	c/next/server             last server id handed out (8 bytes big endian)
+//	c/next/target             last target id handed out
+//	c/next/chain              last chain id handed out
+//
+// Live state (heartbeat times, capacity reports) is kept in memory only:
+// it is rebuilt from the first heartbeats after a restart.
+const (
+	prefixServer = "c/server/"
+	prefixTarget = "c/target/"
+	prefixChain  = "c/chain/"
+
+	keyChainTableVersion = "c/chaintable"
+	keyNextServer        = "c/next/server"
+	keyNextTarget        = "c/next/target"
+	keyNextChain         = "c/next/chain"
+)
+
+// Member states of a chain, as sent in weftv1.ChainMember.state.
+const (
+	stateServing = "serving"
+	stateSyncing = "syncing"
+	stateOffline = "offline"
+)
+
+// serverRecord is the persisted identity of a data server.
+type serverRecord struct {
+	ID       uint64 `json:"id"`
+	UUID     string `json:"uuid"`
+	Address  string `json:"address"`
+	Hostname string `json:"hostname,omitempty"`
+	Site     string `json:"site,omitempty"`
+	Rack     string `json:"rack,omitempty"`
+}
+
+// targetRecord is the persisted identity of a target (a disk directory).
+type targetRecord struct {
+	ID       uint64 `json:"id"`
+	UUID     string `json:"uuid"`
+	ServerID uint64 `json:"server_id"`
+	Path     string `json:"path"`
+}
+
+// chainRecord is a persisted chain: its members in order, head first.
+// Version changes whenever membership or a member's state changes.
+type chainRecord struct {
+	ID      uint64         `json:"id"`
+	Version uint64         `json:"version"`
+	Members []memberRecord `json:"members"`
+}
+
+// memberRecord is one target of a chain and its state.
+type memberRecord struct {
+	TargetID uint64 `json:"target_id"`
+	State    string `json:"state"`
+}
+
+func (c *chainRecord) clone() *chainRecord {
+	out := *c
+	out.Members = append([]memberRecord(nil), c.Members...)
+	return &out
+}
+
+func idKey(prefix string, id uint64) []byte {
+	return fmt.Appendf(nil, "%s%016x", prefix, id)
+}
+
+func putJSON(t kv.Txn, key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", key, err)
+	}
+	return t.Set(key, b)
+}
+
+func putUint64(t kv.Txn, key string, v uint64) error {
+	return t.Set([]byte(key), binary.BigEndian.AppendUint64(nil, v))
+}
+
+func getUint64(t kv.Txn, key string) (uint64, error) {
+	b, ok, err := t.Get([]byte(key))
+	if err != nil || !ok {
+		return 0, err
+	}
+	if len(b) != 8 {
+		return 0, fmt.Errorf("cluster state key %s holds %d bytes, want 8: the metadata database is damaged", key, len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// scanJSON decodes every value under prefix into a fresh T and hands it to
+// add.
+func scanJSON[T any](t kv.Txn, prefix string, add func(*T)) error {
+	p := []byte(prefix)
+	return t.Scan(p, kv.PrefixEnd(p), func(k, v []byte) (bool, error) {
+		rec := new(T)
+		if err := json.Unmarshal(v, rec); err != nil {
+			return false, fmt.Errorf("decode cluster state key %s: %w (the metadata database is damaged)", k, err)
+		}
+		add(rec)
+		return true, nil
+	})
+}

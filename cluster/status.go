@@ -1,0 +1,54 @@
+package cluster
+
+import (
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Servers returns every registered server in id order with its targets
+// (in id order), their last capacity report and whether they are online.
+// last_heartbeat_ms is the time since the server's last heartbeat (or
+// since the manager started, for a server not heard from since).
+func (m *Manager) Servers() []*weftv1.ServerStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	out := make([]*weftv1.ServerStatus, 0, len(m.servers))
+	for _, s := range m.sortedServers() {
+		ss := &weftv1.ServerStatus{
+			Id:              s.rec.ID,
+			Address:         s.rec.Address,
+			Hostname:        s.rec.Hostname,
+			Online:          s.online,
+			LastHeartbeatMs: now.Sub(s.lastHeartbeat).Milliseconds(),
+			Site:            s.rec.Site,
+			Rack:            s.rec.Rack,
+		}
+		for _, id := range m.targetIDsOf(s.rec.ID) {
+			t := m.targets[id]
+			ts := &weftv1.TargetStatus{Id: id, Path: t.rec.Path, Online: m.targetOnline(id)}
+			if r := t.report; r != nil {
+				ts.TotalBytes, ts.FreeBytes, ts.UsedBytes, ts.Chunks = r.total, r.free, r.used, r.chunks
+			}
+			ss.Targets = append(ss.Targets, ts)
+		}
+		out = append(out, ss)
+	}
+	return out
+}
+
+// Capacity sums the last capacity reports of the online targets. Targets
+// that share a file system each report all of it, so such a file system is
+// counted once per target.
+func (m *Manager) Capacity() (total, free, used uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, t := range m.targets {
+		if t.report == nil || !m.targetOnline(id) {
+			continue
+		}
+		total += t.report.total
+		free += t.report.free
+		used += t.report.used
+	}
+	return total, free, used
+}
