@@ -1,0 +1,457 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/meta/kv"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// ReadDir page sizes.
+const (
+	defaultReadDirLimit = 1024
+	maxReadDirLimit     = 8192
+)
+
+// maxLinks is the most names a non-directory may have (as ext4).
+const maxLinks = 65000
+
+// writableDir loads directory ino and checks that c may add or remove
+// entries in it (search and write permission).
+func (x *tx) writableDir(c caller, ino uint64, op string) (*weftv1.Attr, error) {
+	d, err := x.dir(ino, op)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(d, mayWrite|mayExec, op); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Lookup finds name in directory parent. "." is the directory itself and
+// ".." its parent.
+func (s *Service) Lookup(ctx context.Context, req *weftv1.LookupRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	if err := checkName("lookup", req.Parent, req.Name); err != nil {
+		return nil, err
+	}
+	var a *weftv1.Attr
+	err := s.view(ctx, func(x *tx) error {
+		op := fmt.Sprintf("lookup %q in directory %d", req.Name, req.Parent)
+		d, err := x.dir(req.Parent, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayExec, op); err != nil {
+			return err
+		}
+		var ino uint64
+		switch req.Name {
+		case ".":
+			ino = d.Ino
+		case "..":
+			if ino, err = x.parentOf(d.Ino); err != nil {
+				return err
+			}
+		default:
+			var ok bool
+			if ino, _, ok, err = x.entry(d.Ino, req.Name); err != nil {
+				return err
+			} else if !ok {
+				return fserr.Wrap(syscall.ENOENT, "%s: no such file or directory", op)
+			}
+		}
+		a, err = x.inode(ino, op)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// GetAttr returns the attributes of inode ino (also of an orphan: an
+// unlinked file still open somewhere).
+func (s *Service) GetAttr(ctx context.Context, req *weftv1.GetAttrRequest) (*weftv1.AttrResponse, error) {
+	var a *weftv1.Attr
+	err := s.view(ctx, func(x *tx) error {
+		var err error
+		a, err = x.inode(req.Ino, "getattr")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// Create makes a regular file, FIFO, socket or device node, or, without
+// exclusive, returns an existing file after checking the open permission.
+// With a session the file is also opened for it.
+func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv1.CreateResponse, error) {
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("create %q in directory %d", req.Name, req.Parent)
+	if err := checkName("create", req.Parent, req.Name); err != nil {
+		return nil, err
+	}
+	if isDot(req.Name) {
+		return nil, fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+	}
+	typ := fileType(req.Mode)
+	switch typ {
+	case 0:
+		typ = syscall.S_IFREG
+	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK:
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+		if !c.root() {
+			return nil, fserr.Wrap(syscall.EPERM, "%s: only root may make device nodes", op)
+		}
+	default:
+		return nil, fserr.Wrap(syscall.EINVAL, "%s: mode %#o is not a regular file, FIFO, socket or device", op, req.Mode)
+	}
+	for attempt := 0; ; attempt++ {
+		// Placing a new file's chains calls the cluster manager, which
+		// must not run inside a transaction: look first, place, then
+		// create if the name is still free.
+		var template *weftv1.Layout
+		exists := false
+		err := s.view(ctx, func(x *tx) error {
+			d, err := x.dir(req.Parent, op)
+			if err != nil {
+				return err
+			}
+			if err := c.check(d, mayExec, op); err != nil {
+				return err
+			}
+			if _, _, exists, err = x.entry(d.Ino, req.Name); err != nil || exists {
+				return err
+			}
+			if err := c.check(d, mayWrite, op); err != nil {
+				return err
+			}
+			if typ == syscall.S_IFREG {
+				template, err = x.effectiveLayout(d.Ino, s.cfg.DefaultLayout)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		var layout *weftv1.Layout
+		if template != nil {
+			if layout, err = s.placeLayout(ctx, template); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+		}
+		resp, err := s.create(ctx, c, req, typ, layout, op)
+		if err == errNeedLayout && attempt < 3 {
+			continue
+		}
+		return resp, err
+	}
+}
+
+// errNeedLayout says that a name became free between Create's look and
+// its transaction, so a layout must be placed first.
+var errNeedLayout = fmt.Errorf("create raced with an unlink: %w", kv.ErrConflict)
+
+func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateRequest, typ uint32, layout *weftv1.Layout, op string) (*weftv1.CreateResponse, error) {
+	resp := new(weftv1.CreateResponse)
+	err := s.update(ctx, func(x *tx) error {
+		d, err := x.dir(req.Parent, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayExec, op); err != nil {
+			return err
+		}
+		ino, _, ok, err := x.entry(d.Ino, req.Name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if req.Exclusive {
+				return fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+			}
+			a, err := x.inode(ino, op)
+			if err != nil {
+				return err
+			}
+			if isDir(a.Mode) {
+				return fserr.Wrap(syscall.EISDIR, "%s: is a directory", op)
+			}
+			if err := checkOpen(c, a, req.OpenFlags, op); err != nil {
+				return err
+			}
+			if req.Session != "" {
+				if err := x.recordOpen(req.Session, a.Ino, op); err != nil {
+					return err
+				}
+			}
+			resp.Attr, resp.Created = a, false
+			return nil
+		}
+		if err := c.check(d, mayWrite, op); err != nil {
+			return err
+		}
+		if typ == syscall.S_IFREG && layout == nil {
+			return errNeedLayout
+		}
+		a, err := x.newInode(c, d, typ|req.Mode&0o7777)
+		if err != nil {
+			return err
+		}
+		if typ == syscall.S_IFREG {
+			a.Layout = layout
+		} else {
+			a.Rdev = req.Rdev
+		}
+		if err := x.addChild(d, req.Name, a); err != nil {
+			return err
+		}
+		if err := addUint64(x.t, keyCountFiles, 1); err != nil {
+			return err
+		}
+		if req.Session != "" {
+			if err := x.recordOpen(req.Session, a.Ino, op); err != nil {
+				return err
+			}
+		}
+		resp.Attr, resp.Created = a, true
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Mkdir makes directory name in parent.
+func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("mkdir %q in directory %d", req.Name, req.Parent)
+	if err := checkName("mkdir", req.Parent, req.Name); err != nil {
+		return nil, err
+	}
+	var a *weftv1.Attr
+	err := s.update(ctx, func(x *tx) error {
+		d, err := x.dir(req.Parent, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayExec, op); err != nil {
+			return err
+		}
+		if err := x.mustNotExist(d.Ino, req.Name, op); err != nil {
+			return err
+		}
+		if err := c.check(d, mayWrite, op); err != nil {
+			return err
+		}
+		if a, err = x.newInode(c, d, syscall.S_IFDIR|req.Mode&0o1777); err != nil {
+			return err
+		}
+		a.Nlink = 2
+		d.Nlink++
+		if err := x.addChild(d, req.Name, a); err != nil {
+			return err
+		}
+		if err := x.t.Set(parentKey(a.Ino), be64(d.Ino)); err != nil {
+			return err
+		}
+		return addUint64(x.t, keyCountDirs, 1)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// mustNotExist returns EEXIST if name ("." and ".." included) exists in
+// directory dir.
+func (x *tx) mustNotExist(dir uint64, name, op string) error {
+	if isDot(name) {
+		return fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+	}
+	_, _, ok, err := x.entry(dir, name)
+	if err != nil {
+		return err
+	}
+	if ok {
+		return fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+	}
+	return nil
+}
+
+// Symlink makes a symbolic link name in parent pointing to target.
+func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("symlink %q in directory %d", req.Name, req.Parent)
+	if err := checkName("symlink", req.Parent, req.Name); err != nil {
+		return nil, err
+	}
+	switch {
+	case req.Target == "":
+		return nil, fserr.Wrap(syscall.ENOENT, "%s: empty link target", op)
+	case len(req.Target) > maxSymlinkBytes:
+		return nil, fserr.Wrap(syscall.ENAMETOOLONG, "%s: link target of %d bytes is longer than %d", op, len(req.Target), maxSymlinkBytes)
+	}
+	var a *weftv1.Attr
+	err := s.update(ctx, func(x *tx) error {
+		d, err := x.dir(req.Parent, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayExec, op); err != nil {
+			return err
+		}
+		if err := x.mustNotExist(d.Ino, req.Name, op); err != nil {
+			return err
+		}
+		if err := c.check(d, mayWrite, op); err != nil {
+			return err
+		}
+		if a, err = x.newInode(c, d, syscall.S_IFLNK|0o777); err != nil {
+			return err
+		}
+		a.Size = uint64(len(req.Target))
+		if err := x.t.Set(symlinkKey(a.Ino), []byte(req.Target)); err != nil {
+			return err
+		}
+		if err := x.addChild(d, req.Name, a); err != nil {
+			return err
+		}
+		return addUint64(x.t, keyCountFiles, 1)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// Readlink returns a symbolic link's target.
+func (s *Service) Readlink(ctx context.Context, req *weftv1.ReadlinkRequest) (*weftv1.ReadlinkResponse, error) {
+	var target string
+	err := s.view(ctx, func(x *tx) error {
+		a, err := x.inode(req.Ino, "readlink")
+		if err != nil {
+			return err
+		}
+		if !isLink(a.Mode) {
+			return fserr.Wrap(syscall.EINVAL, "readlink of inode %d: not a symbolic link", a.Ino)
+		}
+		v, ok, err := x.t.Get(symlinkKey(a.Ino))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("readlink of inode %d: target record missing: %w", a.Ino, syscall.EIO)
+		}
+		target = string(v)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.ReadlinkResponse{Target: target}, nil
+}
+
+// Link gives inode ino another name, new_name in new_parent.
+func (s *Service) Link(ctx context.Context, req *weftv1.LinkRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("link inode %d as %q in directory %d", req.Ino, req.NewName, req.NewParent)
+	if err := checkName("link", req.NewParent, req.NewName); err != nil {
+		return nil, err
+	}
+	var a *weftv1.Attr
+	err := s.update(ctx, func(x *tx) error {
+		var err error
+		if a, err = x.inode(req.Ino, op); err != nil {
+			return err
+		}
+		switch {
+		case isDir(a.Mode):
+			return fserr.Wrap(syscall.EPERM, "%s: hard links to directories are not allowed", op)
+		case a.Nlink == 0:
+			return fserr.Wrap(syscall.ENOENT, "%s: the file was deleted", op)
+		case a.Nlink >= maxLinks:
+			return fserr.Wrap(syscall.EMLINK, "%s: the file already has %d links", op, a.Nlink)
+		}
+		d, err := x.dir(req.NewParent, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayExec, op); err != nil {
+			return err
+		}
+		if err := x.mustNotExist(d.Ino, req.NewName, op); err != nil {
+			return err
+		}
+		if err := c.check(d, mayWrite, op); err != nil {
+			return err
+		}
+		a.Nlink++
+		a.CtimeNs = x.now
+		return x.addChild(d, req.NewName, a)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// ReadDir lists a directory in name order after start_after, without "."
+// and "..".
+func (s *Service) ReadDir(ctx context.Context, req *weftv1.ReadDirRequest) (*weftv1.ReadDirResponse, error) {
+	c := callerOf(req.Caller)
+	limit := int(req.Limit)
+	if limit <= 0 {
+		limit = defaultReadDirLimit
+	}
+	limit = min(limit, maxReadDirLimit)
+	resp := new(weftv1.ReadDirResponse)
+	err := s.view(ctx, func(x *tx) error {
+		op := fmt.Sprintf("readdir of directory %d", req.Ino)
+		d, err := x.dir(req.Ino, op)
+		if err != nil {
+			return err
+		}
+		if err := c.check(d, mayRead, op); err != nil {
+			return err
+		}
+		prefix := dentryPrefix(d.Ino)
+		start := prefix
+		if req.StartAfter != "" {
+			start = append(dentryKey(d.Ino, req.StartAfter), 0)
+		}
+		err = x.t.Scan(start, kv.PrefixEnd(prefix), func(k, v []byte) (bool, error) {
+			if len(resp.Entries) == limit {
+				resp.More = true
+				return false, nil
+			}
+			ino, typ, err := decodeDentry(v)
+			if err != nil {
+				return false, fmt.Errorf("%s: %w", op, err)
+			}
+			resp.Entries = append(resp.Entries, &weftv1.DirEntry{Name: string(k[len(prefix):]), Ino: ino, Type: typ})
+			return true, nil
+		})
+		if err != nil || !req.Plus {
+			return err
+		}
+		for _, e := range resp.Entries {
+			if e.Attr, err = x.inode(e.Ino, op); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}

@@ -1,0 +1,167 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// checkOpen checks that c may open a with open(2) flags: read and/or write
+// permission by the access mode, write for O_TRUNC; directories only for
+// reading.
+func checkOpen(c caller, a *weftv1.Attr, flags uint32, op string) error {
+	var mask uint32
+	switch flags & syscall.O_ACCMODE {
+	case syscall.O_RDONLY:
+		mask = mayRead
+	case syscall.O_WRONLY:
+		mask = mayWrite
+	default:
+		mask = mayRead | mayWrite
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		mask |= mayWrite
+	}
+	if isDir(a.Mode) && mask&mayWrite != 0 {
+		return fserr.Wrap(syscall.EISDIR, "%s: directory %d cannot be opened for writing", op, a.Ino)
+	}
+	return c.check(a, mask, op)
+}
+
+// Open checks that the caller may open the inode with the request's flags
+// and records the open for the session, so that unlinking the file keeps
+// its data until the last Release. The file is not truncated here: the
+// client sends SetAttr with size 0 for O_TRUNC.
+func (s *Service) Open(ctx context.Context, req *weftv1.OpenRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("open inode %d", req.Ino)
+	var a *weftv1.Attr
+	err := s.update(ctx, func(x *tx) error {
+		var err error
+		if a, err = x.inode(req.Ino, op); err != nil {
+			return err
+		}
+		if err := checkOpen(c, a, req.Flags, op); err != nil {
+			return err
+		}
+		if req.Session == "" {
+			return nil
+		}
+		return x.recordOpen(req.Session, a.Ino, op)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// recordOpen counts one more open of ino by session.
+func (x *tx) recordOpen(session string, ino uint64, op string) error {
+	if _, err := x.session(session, op); err != nil {
+		return err
+	}
+	k := openKey(ino, session)
+	if err := addUint64(x.t, k, 1); err != nil {
+		return err
+	}
+	return x.t.Set(sessionOpenKey(session, ino), nil)
+}
+
+// Release drops one open of the inode by the session. The last release of
+// an orphan deletes it. Releasing what is not open is not an error (a
+// release may be retried).
+func (s *Service) Release(ctx context.Context, req *weftv1.ReleaseRequest) (*weftv1.ReleaseResponse, error) {
+	err := s.update(ctx, func(x *tx) error {
+		n, err := getUint64(x.t, openKey(req.Ino, req.Session))
+		if err != nil || n == 0 {
+			return err
+		}
+		if n > 1 {
+			return x.t.Set(openKey(req.Ino, req.Session), be64(n-1))
+		}
+		return x.dropOpen(req.Session, req.Ino)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.ReleaseResponse{}, nil
+}
+
+// dropOpen forgets all opens of ino by session and deletes the inode if it
+// was an orphan nobody else has open.
+func (x *tx) dropOpen(session string, ino uint64) error {
+	if err := x.t.Delete(openKey(ino, session)); err != nil {
+		return err
+	}
+	if err := x.t.Delete(sessionOpenKey(session, ino)); err != nil {
+		return err
+	}
+	_, orphan, err := x.t.Get(orphanKey(ino))
+	if err != nil || !orphan {
+		return err
+	}
+	open, err := x.isOpen(ino)
+	if err != nil || open {
+		return err
+	}
+	a, err := x.inode(ino, "release")
+	if err != nil {
+		return err
+	}
+	return x.removeInode(a)
+}
+
+// Access checks access(2) permission: mask is R_OK|W_OK|X_OK bits, 0 for
+// existence only.
+func (s *Service) Access(ctx context.Context, req *weftv1.AccessRequest) (*weftv1.AccessResponse, error) {
+	c := callerOf(req.Caller)
+	err := s.view(ctx, func(x *tx) error {
+		op := fmt.Sprintf("access inode %d", req.Ino)
+		a, err := x.inode(req.Ino, op)
+		if err != nil {
+			return err
+		}
+		return c.check(a, req.Mask&7, op)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AccessResponse{}, nil
+}
+
+// CommitWrite records written data: size grows to at least the request's
+// size, mtime is set (to now if the request has none) and ctime to now, and
+// setuid/setgid are cleared when the writer is not root. No permission is
+// checked: the writer was checked at open, and an open file stays writable
+// after a chmod.
+func (s *Service) CommitWrite(ctx context.Context, req *weftv1.CommitWriteRequest) (*weftv1.AttrResponse, error) {
+	c := callerOf(req.Caller)
+	var a *weftv1.Attr
+	err := s.update(ctx, func(x *tx) error {
+		op := fmt.Sprintf("commit write to inode %d", req.Ino)
+		var err error
+		if a, err = x.inode(req.Ino, op); err != nil {
+			return err
+		}
+		if !isReg(a.Mode) {
+			return fserr.Wrap(syscall.EINVAL, "%s: not a regular file", op)
+		}
+		a.Size = max(a.Size, req.Size)
+		a.MtimeNs = req.MtimeNs
+		if a.MtimeNs == 0 {
+			a.MtimeNs = x.now
+		}
+		a.CtimeNs = x.now
+		if !c.root() {
+			a.Mode = fileType(a.Mode) | killSuid(a.Mode&0o7777)
+		}
+		return x.putInode(a)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.AttrResponse{Attr: a}, nil
+}

@@ -1,0 +1,178 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/weft-fs/weft/meta/kv"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// statfsBlockSize is the block size StatFS reports.
+const statfsBlockSize = 4096
+
+// StatFS reports the data servers' capacity and the number of inodes.
+func (s *Service) StatFS(ctx context.Context, _ *weftv1.StatFSRequest) (*weftv1.StatFSResponse, error) {
+	total, free, _ := s.cluster.Capacity()
+	var files, dirs uint64
+	err := s.view(ctx, func(x *tx) error {
+		var err error
+		if files, err = getUint64(x.t, keyCountFiles); err != nil {
+			return err
+		}
+		dirs, err = getUint64(x.t, keyCountDirs)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("statfs: %w", err)
+	}
+	return &weftv1.StatFSResponse{
+		TotalBytes: total, FreeBytes: free, AvailBytes: free,
+		Files: files + dirs, BlockSize: statfsBlockSize,
+	}, nil
+}
+
+// Status reports the cluster's health at a glance.
+func (s *Service) Status(ctx context.Context, _ *weftv1.StatusRequest) (*weftv1.StatusResponse, error) {
+	resp := &weftv1.StatusResponse{
+		ClusterId:     s.clusterID,
+		Engine:        s.eng.Name(),
+		Servers:       s.cluster.Servers(),
+		Chains:        uint64(s.cluster.NumChains()),
+		DefaultLayout: s.cfg.DefaultLayout,
+	}
+	resp.TotalBytes, resp.FreeBytes, resp.UsedBytes = s.cluster.Capacity()
+	err := s.view(ctx, func(x *tx) error {
+		var err error
+		if resp.Files, err = getUint64(x.t, keyCountFiles); err != nil {
+			return err
+		}
+		if resp.Directories, err = getUint64(x.t, keyCountDirs); err != nil {
+			return err
+		}
+		if resp.Sessions, err = countPrefix(x.t, prefixSession); err != nil {
+			return err
+		}
+		resp.GcPending, err = countPrefix(x.t, prefixGC)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return resp, nil
+}
+
+func countPrefix(t kv.Txn, prefix []byte) (uint64, error) {
+	var n uint64
+	err := t.Scan(prefix, kv.PrefixEnd(prefix), func(_, _ []byte) (bool, error) {
+		n++
+		return true, nil
+	})
+	return n, err
+}
+
+// RegisterServer registers a data server with the cluster manager.
+func (s *Service) RegisterServer(ctx context.Context, req *weftv1.RegisterServerRequest) (*weftv1.RegisterServerResponse, error) {
+	return s.cluster.RegisterServer(ctx, req)
+}
+
+// Heartbeat passes a data server's heartbeat to the cluster manager.
+func (s *Service) Heartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (*weftv1.HeartbeatResponse, error) {
+	return s.cluster.Heartbeat(ctx, req)
+}
+
+// GetChains returns the chain table.
+func (s *Service) GetChains(ctx context.Context, req *weftv1.GetChainsRequest) (*weftv1.ChainTable, error) {
+	return s.cluster.GetChains(ctx, req)
+}
+
+// GC retry backoff for a file whose chunks could not be deleted.
+const (
+	gcInterval   = time.Second
+	gcMinBackoff = time.Second
+	gcMaxBackoff = time.Minute
+	gcBatch      = 256
+)
+
+type gcRetry struct {
+	at      time.Time
+	backoff time.Duration
+}
+
+// gcLoop deletes queued files' chunks until ctx is done.
+func (s *Service) gcLoop(ctx context.Context) {
+	t := time.NewTicker(gcInterval)
+	defer t.Stop()
+	for {
+		if _, err := s.collectGarbage(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("garbage collection of deleted files", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// collectGarbage makes one pass over the GC queue: for each queued file
+// not in backoff it has the data servers delete its chunks and, on
+// success, removes it from the queue. It returns how many were collected.
+func (s *Service) collectGarbage(ctx context.Context) (int, error) {
+	type item struct {
+		ino    uint64
+		layout *weftv1.Layout
+	}
+	var items []item
+	err := s.view(ctx, func(x *tx) error {
+		return x.t.Scan(prefixGC, kv.PrefixEnd(prefixGC), func(k, v []byte) (bool, error) {
+			ino, err := inoFromKeySuffix(k)
+			if err != nil {
+				return false, err
+			}
+			l := new(weftv1.Layout)
+			if err := proto.Unmarshal(v, l); err != nil {
+				return false, fmt.Errorf("corrupt GC queue entry for inode %d: %w", ino, err)
+			}
+			items = append(items, item{ino, l})
+			return len(items) < gcBatch, nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	for _, it := range items {
+		if ctx.Err() != nil {
+			return done, ctx.Err()
+		}
+		now := time.Now()
+		s.gcMu.Lock()
+		r, waiting := s.gcRetryAt[it.ino]
+		s.gcMu.Unlock()
+		if waiting && now.Before(r.at) {
+			continue
+		}
+		if err := s.cluster.DeleteFile(ctx, it.ino, it.layout); err != nil {
+			r.backoff = min(max(2*r.backoff, gcMinBackoff), gcMaxBackoff)
+			r.at = now.Add(r.backoff)
+			s.gcMu.Lock()
+			s.gcRetryAt[it.ino] = r
+			s.gcMu.Unlock()
+			s.log.Warn("could not delete a deleted file's chunks; will retry", "ino", it.ino, "retry_in", r.backoff, "err", err)
+			continue
+		}
+		s.gcMu.Lock()
+		delete(s.gcRetryAt, it.ino)
+		s.gcMu.Unlock()
+		err := s.update(ctx, func(x *tx) error { return x.t.Delete(gcKey(it.ino)) })
+		if err != nil {
+			return done, fmt.Errorf("remove inode %d from the GC queue: %w", it.ino, err)
+		}
+		done++
+	}
+	return done, nil
+}
