@@ -98,6 +98,7 @@ type targetState struct {
 // capacity is a target's capacity as its server last reported it.
 type capacity struct {
 	total, free, used, chunks uint64
+	filesystem                string // device of the target's file system, "" if unknown
 }
 
 // NewManager loads the servers, targets and chains persisted in eng.

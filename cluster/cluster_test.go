@@ -345,3 +345,36 @@ func TestHeartbeat(t *testing.T) {
 		t.Errorf("after restart: %s, want %s", got, want)
 	}
 }
+
+// Targets of several servers on one host that share a file system count
+// its size once; targets on different file systems or hosts add up.
+func TestCapacitySharedFilesystem(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	withFS := func(uuid, fs string, free uint64) *weftv1.TargetReport {
+		r := report(uuid, free)
+		r.Filesystem = fs
+		return r
+	}
+	for _, s := range []struct {
+		uuid, host string
+		target     *weftv1.TargetReport
+	}{
+		{"s1", "node1", withFS("t1", "dev 8:1", 600*GiB)},
+		{"s2", "node1", withFS("t2", "dev 8:1", 600*GiB)},
+		{"s3", "node1", withFS("t3", "dev 8:2", 100*GiB)},
+		{"s4", "node2", withFS("t4", "dev 8:1", 200*GiB)},
+	} {
+		resp, err := e.m.RegisterServer(ctx, &weftv1.RegisterServerRequest{
+			Uuid: s.uuid, Address: s.uuid + ":1", Hostname: s.host, Targets: []*weftv1.TargetReport{s.target},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.heartbeat(resp.ServerId, s.uuid+":1", s.target)
+	}
+	total, free, _ := e.m.Capacity()
+	if total != 3*TiB || free != 900*GiB {
+		t.Errorf("Capacity() total, free = %d GiB, %d GiB; want %d GiB, %d GiB", total/GiB, free/GiB, 3*TiB/GiB, 900)
+	}
+}

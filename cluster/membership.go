@@ -191,7 +191,7 @@ func (m *Manager) noteAlive(s *serverState, reports []*weftv1.TargetReport, now 
 		}
 		t.present = ok
 		if ok {
-			t.report = &capacity{total: r.TotalBytes, free: r.FreeBytes, used: r.UsedBytes, chunks: r.Chunks}
+			t.report = &capacity{total: r.TotalBytes, free: r.FreeBytes, used: r.UsedBytes, chunks: r.Chunks, filesystem: r.Filesystem}
 		}
 	}
 }

@@ -37,18 +37,26 @@ func (m *Manager) Servers() []*weftv1.ServerStatus {
 }
 
 // Capacity sums the last capacity reports of the online targets. Targets
-// that share a file system each report all of it, so such a file system is
-// counted once per target.
+// on one server that share a file system (the same device) count its size
+// and free space once; used bytes are each target's own chunks.
 func (m *Manager) Capacity() (total, free, used uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	seen := make(map[string]bool)
 	for id, t := range m.targets {
 		if t.report == nil || !m.targetOnline(id) {
 			continue
 		}
+		used += t.report.used
+		if fs := t.report.filesystem; fs != "" {
+			key := m.servers[t.rec.ServerID].rec.Hostname + "/" + fs
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+		}
 		total += t.report.total
 		free += t.report.free
-		used += t.report.used
 	}
 	return total, free, used
 }

@@ -239,6 +239,7 @@ func (s *Server) targetReports() []*weftv1.TargetReport {
 			s.log.Warn("cannot measure target capacity", "target", t.Dir(), "err", err)
 		}
 		r.TotalBytes, r.FreeBytes, r.UsedBytes, r.Chunks = u.TotalBytes, u.FreeBytes, u.UsedBytes, u.Chunks
+		r.Filesystem = u.Filesystem
 		reports = append(reports, r)
 	}
 	return reports

@@ -32,6 +32,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -197,6 +199,9 @@ type Usage struct {
 	FreeBytes  uint64 // bytes available to the data server
 	UsedBytes  uint64 // sum of the chunks' lengths
 	Chunks     uint64
+	// Filesystem identifies the file system holding the target (device
+	// number), so capacity shared by several targets is counted once.
+	Filesystem string
 }
 
 // Usage reports the target's capacity (statfs) and chunk usage.
@@ -205,7 +210,12 @@ func (t *Target) Usage() (Usage, error) {
 	if err := syscall.Statfs(t.dir, &st); err != nil {
 		return Usage{}, fmt.Errorf("statfs target %s: %w", t.dir, err)
 	}
+	var fi syscall.Stat_t
+	if err := syscall.Stat(t.dir, &fi); err != nil {
+		return Usage{}, fmt.Errorf("stat target %s: %w", t.dir, err)
+	}
 	return Usage{
+		Filesystem: fmt.Sprintf("dev %d:%d", unix.Major(fi.Dev), unix.Minor(fi.Dev)),
 		TotalBytes: st.Blocks * uint64(st.Bsize),
 		FreeBytes:  st.Bavail * uint64(st.Bsize),
 		UsedBytes:  uint64(max(t.usedBytes.Load(), 0)),

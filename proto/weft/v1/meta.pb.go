@@ -2989,12 +2989,15 @@ func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
 type TargetReport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable identity kept in the target directory.
-	Uuid          string `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
-	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	TotalBytes    uint64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	FreeBytes     uint64 `protobuf:"varint,4,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
-	UsedBytes     uint64 `protobuf:"varint,5,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
-	Chunks        uint64 `protobuf:"varint,6,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	Uuid       string `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Path       string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	TotalBytes uint64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	FreeBytes  uint64 `protobuf:"varint,4,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	UsedBytes  uint64 `protobuf:"varint,5,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	Chunks     uint64 `protobuf:"varint,6,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	// Identifies the local file system holding the target (its device
+	// number), so targets sharing one disk count its capacity once.
+	Filesystem    string `protobuf:"bytes,7,opt,name=filesystem,proto3" json:"filesystem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3069,6 +3072,13 @@ func (x *TargetReport) GetChunks() uint64 {
 		return x.Chunks
 	}
 	return 0
+}
+
+func (x *TargetReport) GetFilesystem() string {
+	if x != nil {
+		return x.Filesystem
+	}
+	return ""
 }
 
 type RegisterServerRequest struct {
@@ -4113,7 +4123,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x14RenewSessionResponse\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
-	"\x14CloseSessionResponse\"\xad\x01\n" +
+	"\x14CloseSessionResponse\"\xcd\x01\n" +
 	"\fTargetReport\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
@@ -4123,7 +4133,10 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"free_bytes\x18\x04 \x01(\x04R\tfreeBytes\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x05 \x01(\x04R\tusedBytes\x12\x16\n" +
-	"\x06chunks\x18\x06 \x01(\x04R\x06chunks\"\xba\x01\n" +
+	"\x06chunks\x18\x06 \x01(\x04R\x06chunks\x12\x1e\n" +
+	"\n" +
+	"filesystem\x18\a \x01(\tR\n" +
+	"filesystem\"\xba\x01\n" +
 	"\x15RegisterServerRequest\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
