@@ -86,7 +86,12 @@ type WriteChunkRequest struct {
 	// Make this chunk durable (fdatasync) before answering.
 	Sync bool `protobuf:"varint,6,opt,name=sync,proto3" json:"sync,omitempty"`
 	// The file's chunk size: a write must not go past it.
-	ChunkSize     uint32 `protobuf:"varint,7,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	ChunkSize uint32 `protobuf:"varint,7,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	// Set when a chain member forwards the write to its successor.
+	Forwarded bool `protobuf:"varint,8,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	// On a forwarded write: the chunk version the write produces (the
+	// receiver's copy must be at chunk_version-1 to apply it).
+	ChunkVersion  uint64 `protobuf:"varint,9,opt,name=chunk_version,json=chunkVersion,proto3" json:"chunk_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,8 +175,25 @@ func (x *WriteChunkRequest) GetChunkSize() uint32 {
 	return 0
 }
 
+func (x *WriteChunkRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
+func (x *WriteChunkRequest) GetChunkVersion() uint64 {
+	if x != nil {
+		return x.ChunkVersion
+	}
+	return 0
+}
+
 type WriteChunkResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A syncing member could not apply a forwarded write on its copy: the
+	// sender must push the whole chunk (PushChunk) instead.
+	NeedFullChunk bool `protobuf:"varint,1,opt,name=need_full_chunk,json=needFullChunk,proto3" json:"need_full_chunk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +226,13 @@ func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WriteChunkResponse.ProtoReflect.Descriptor instead.
 func (*WriteChunkResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WriteChunkResponse) GetNeedFullChunk() bool {
+	if x != nil {
+		return x.NeedFullChunk
+	}
+	return false
 }
 
 type ReadChunkRequest struct {
@@ -332,12 +361,14 @@ func (x *ReadChunkResponse) GetData() []byte {
 // to a file length of size: chunks wholly past it are deleted and the one
 // that straddles it is shortened.
 type TruncateFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	ChunkSize     uint32                 `protobuf:"varint,3,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
-	ChainId       uint64                 `protobuf:"varint,4,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
-	ChainVersion  uint64                 `protobuf:"varint,5,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Ino          uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Size         uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	ChunkSize    uint32                 `protobuf:"varint,3,opt,name=chunk_size,json=chunkSize,proto3" json:"chunk_size,omitempty"`
+	ChainId      uint64                 `protobuf:"varint,4,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,5,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	// Set when a chain member forwards the request to its successor.
+	Forwarded     bool `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -407,6 +438,13 @@ func (x *TruncateFileRequest) GetChainVersion() uint64 {
 	return 0
 }
 
+func (x *TruncateFileRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
 type TruncateFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -445,8 +483,13 @@ func (*TruncateFileResponse) Descriptor() ([]byte, []int) {
 
 // DeleteFileRequest removes every chunk of ino on this server's targets.
 type DeleteFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ino   uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	// When set, only the chunks of this chain are deleted, and the request
+	// goes down the chain.
+	ChainId       uint64 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion  uint64 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	Forwarded     bool   `protobuf:"varint,4,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -486,6 +529,27 @@ func (x *DeleteFileRequest) GetIno() uint64 {
 		return x.Ino
 	}
 	return 0
+}
+
+func (x *DeleteFileRequest) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *DeleteFileRequest) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+func (x *DeleteFileRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
 }
 
 type DeleteFileResponse struct {
@@ -621,6 +685,427 @@ func (*SyncFileResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{10}
 }
 
+// ChunkInfo describes one chunk held by a target.
+type ChunkInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Chunk *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// Incremented by every mutation of the chunk; equal versions on two
+	// members of a chain mean equal contents.
+	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Length        uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkInfo) Reset() {
+	*x = ChunkInfo{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkInfo) ProtoMessage() {}
+
+func (x *ChunkInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkInfo.ProtoReflect.Descriptor instead.
+func (*ChunkInfo) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ChunkInfo) GetChunk() *ChunkID {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *ChunkInfo) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ChunkInfo) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// ListChunksRequest pages through the chunks a target holds for a chain,
+// in (ino, index) order after `after`.
+type ListChunksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ChainId       uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion  uint64                 `protobuf:"varint,2,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	After         *ChunkID               `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	Limit         uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListChunksRequest) Reset() {
+	*x = ListChunksRequest{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListChunksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListChunksRequest) ProtoMessage() {}
+
+func (x *ListChunksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListChunksRequest.ProtoReflect.Descriptor instead.
+func (*ListChunksRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListChunksRequest) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *ListChunksRequest) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+func (x *ListChunksRequest) GetAfter() *ChunkID {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *ListChunksRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListChunksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunks        []*ChunkInfo           `protobuf:"bytes,1,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	More          bool                   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListChunksResponse) Reset() {
+	*x = ListChunksResponse{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListChunksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListChunksResponse) ProtoMessage() {}
+
+func (x *ListChunksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListChunksResponse.ProtoReflect.Descriptor instead.
+func (*ListChunksResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListChunksResponse) GetChunks() []*ChunkInfo {
+	if x != nil {
+		return x.Chunks
+	}
+	return nil
+}
+
+func (x *ListChunksResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// FullChunk is a whole chunk with its version, as copied between members.
+type FullChunk struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Chunk   *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// False if the sender holds no such chunk (the receiver deletes its copy).
+	Exists        bool   `protobuf:"varint,3,opt,name=exists,proto3" json:"exists,omitempty"`
+	Data          []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FullChunk) Reset() {
+	*x = FullChunk{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FullChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FullChunk) ProtoMessage() {}
+
+func (x *FullChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FullChunk.ProtoReflect.Descriptor instead.
+func (*FullChunk) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *FullChunk) GetChunk() *ChunkID {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *FullChunk) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FullChunk) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+func (x *FullChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ReadFullChunkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunk         *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	ChainId       uint64                 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion  uint64                 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFullChunkRequest) Reset() {
+	*x = ReadFullChunkRequest{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFullChunkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFullChunkRequest) ProtoMessage() {}
+
+func (x *ReadFullChunkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFullChunkRequest.ProtoReflect.Descriptor instead.
+func (*ReadFullChunkRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReadFullChunkRequest) GetChunk() *ChunkID {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *ReadFullChunkRequest) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *ReadFullChunkRequest) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+type PushChunkRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ChainId      uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,2,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	Chunk        *FullChunk             `protobuf:"bytes,3,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// Replace the receiver's copy even if its version is higher (used to
+	// discard what a member wrote while it was cut off).
+	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushChunkRequest) Reset() {
+	*x = PushChunkRequest{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushChunkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushChunkRequest) ProtoMessage() {}
+
+func (x *PushChunkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushChunkRequest.ProtoReflect.Descriptor instead.
+func (*PushChunkRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PushChunkRequest) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *PushChunkRequest) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+func (x *PushChunkRequest) GetChunk() *FullChunk {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *PushChunkRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type PushChunkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushChunkResponse) Reset() {
+	*x = PushChunkResponse{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushChunkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushChunkResponse) ProtoMessage() {}
+
+func (x *PushChunkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushChunkResponse.ProtoReflect.Descriptor instead.
+func (*PushChunkResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{17}
+}
+
 var File_proto_weft_v1_data_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_data_proto_rawDesc = "" +
@@ -628,7 +1113,7 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x18proto/weft/v1/data.proto\x12\aweft.v1\"1\n" +
 	"\aChunkID\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\xda\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\x9d\x02\n" +
 	"\x11WriteChunkRequest\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
@@ -637,8 +1122,11 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x04data\x18\x05 \x01(\fR\x04data\x12\x12\n" +
 	"\x04sync\x18\x06 \x01(\bR\x04sync\x12\x1d\n" +
 	"\n" +
-	"chunk_size\x18\a \x01(\rR\tchunkSize\"\x14\n" +
-	"\x12WriteChunkResponse\"\xaa\x01\n" +
+	"chunk_size\x18\a \x01(\rR\tchunkSize\x12\x1c\n" +
+	"\tforwarded\x18\b \x01(\bR\tforwarded\x12#\n" +
+	"\rchunk_version\x18\t \x01(\x04R\fchunkVersion\"<\n" +
+	"\x12WriteChunkResponse\x12&\n" +
+	"\x0fneed_full_chunk\x18\x01 \x01(\bR\rneedFullChunk\"\xaa\x01\n" +
 	"\x10ReadChunkRequest\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
@@ -646,23 +1134,54 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\rR\x06length\"'\n" +
 	"\x11ReadChunkResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\x9a\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xb8\x01\n" +
 	"\x13TruncateFileRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x03 \x01(\rR\tchunkSize\x12\x19\n" +
 	"\bchain_id\x18\x04 \x01(\x04R\achainId\x12#\n" +
-	"\rchain_version\x18\x05 \x01(\x04R\fchainVersion\"\x16\n" +
-	"\x14TruncateFileResponse\"%\n" +
+	"\rchain_version\x18\x05 \x01(\x04R\fchainVersion\x12\x1c\n" +
+	"\tforwarded\x18\x06 \x01(\bR\tforwarded\"\x16\n" +
+	"\x14TruncateFileResponse\"\x83\x01\n" +
 	"\x11DeleteFileRequest\x12\x10\n" +
-	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\x14\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x19\n" +
+	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\x12\x1c\n" +
+	"\tforwarded\x18\x04 \x01(\bR\tforwarded\"\x14\n" +
 	"\x12DeleteFileResponse\"c\n" +
 	"\x0fSyncFileRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
 	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\"\x12\n" +
-	"\x10SyncFileResponse2\xe6\x02\n" +
+	"\x10SyncFileResponse\"e\n" +
+	"\tChunkInfo\x12&\n" +
+	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\x91\x01\n" +
+	"\x11ListChunksRequest\x12\x19\n" +
+	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x02 \x01(\x04R\fchainVersion\x12&\n" +
+	"\x05after\x18\x03 \x01(\v2\x10.weft.v1.ChunkIDR\x05after\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"T\n" +
+	"\x12ListChunksResponse\x12*\n" +
+	"\x06chunks\x18\x01 \x03(\v2\x12.weft.v1.ChunkInfoR\x06chunks\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"y\n" +
+	"\tFullChunk\x12&\n" +
+	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06exists\x18\x03 \x01(\bR\x06exists\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"~\n" +
+	"\x14ReadFullChunkRequest\x12&\n" +
+	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
+	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\"\x92\x01\n" +
+	"\x10PushChunkRequest\x12\x19\n" +
+	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x02 \x01(\x04R\fchainVersion\x12(\n" +
+	"\x05chunk\x18\x03 \x01(\v2\x12.weft.v1.FullChunkR\x05chunk\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"\x13\n" +
+	"\x11PushChunkResponse2\xb5\x04\n" +
 	"\x04Data\x12E\n" +
 	"\n" +
 	"WriteChunk\x12\x1a.weft.v1.WriteChunkRequest\x1a\x1b.weft.v1.WriteChunkResponse\x12B\n" +
@@ -670,7 +1189,11 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\fTruncateFile\x12\x1c.weft.v1.TruncateFileRequest\x1a\x1d.weft.v1.TruncateFileResponse\x12E\n" +
 	"\n" +
 	"DeleteFile\x12\x1a.weft.v1.DeleteFileRequest\x1a\x1b.weft.v1.DeleteFileResponse\x12?\n" +
-	"\bSyncFile\x12\x18.weft.v1.SyncFileRequest\x1a\x19.weft.v1.SyncFileResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
+	"\bSyncFile\x12\x18.weft.v1.SyncFileRequest\x1a\x19.weft.v1.SyncFileResponse\x12E\n" +
+	"\n" +
+	"ListChunks\x12\x1a.weft.v1.ListChunksRequest\x1a\x1b.weft.v1.ListChunksResponse\x12B\n" +
+	"\rReadFullChunk\x12\x1d.weft.v1.ReadFullChunkRequest\x1a\x12.weft.v1.FullChunk\x12B\n" +
+	"\tPushChunk\x12\x19.weft.v1.PushChunkRequest\x1a\x1a.weft.v1.PushChunkResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
 	file_proto_weft_v1_data_proto_rawDescOnce sync.Once
@@ -684,7 +1207,7 @@ func file_proto_weft_v1_data_proto_rawDescGZIP() []byte {
 	return file_proto_weft_v1_data_proto_rawDescData
 }
 
-var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*ChunkID)(nil),              // 0: weft.v1.ChunkID
 	(*WriteChunkRequest)(nil),    // 1: weft.v1.WriteChunkRequest
@@ -697,25 +1220,44 @@ var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*DeleteFileResponse)(nil),   // 8: weft.v1.DeleteFileResponse
 	(*SyncFileRequest)(nil),      // 9: weft.v1.SyncFileRequest
 	(*SyncFileResponse)(nil),     // 10: weft.v1.SyncFileResponse
+	(*ChunkInfo)(nil),            // 11: weft.v1.ChunkInfo
+	(*ListChunksRequest)(nil),    // 12: weft.v1.ListChunksRequest
+	(*ListChunksResponse)(nil),   // 13: weft.v1.ListChunksResponse
+	(*FullChunk)(nil),            // 14: weft.v1.FullChunk
+	(*ReadFullChunkRequest)(nil), // 15: weft.v1.ReadFullChunkRequest
+	(*PushChunkRequest)(nil),     // 16: weft.v1.PushChunkRequest
+	(*PushChunkResponse)(nil),    // 17: weft.v1.PushChunkResponse
 }
 var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	0,  // 0: weft.v1.WriteChunkRequest.chunk:type_name -> weft.v1.ChunkID
 	0,  // 1: weft.v1.ReadChunkRequest.chunk:type_name -> weft.v1.ChunkID
-	1,  // 2: weft.v1.Data.WriteChunk:input_type -> weft.v1.WriteChunkRequest
-	3,  // 3: weft.v1.Data.ReadChunk:input_type -> weft.v1.ReadChunkRequest
-	5,  // 4: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
-	7,  // 5: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
-	9,  // 6: weft.v1.Data.SyncFile:input_type -> weft.v1.SyncFileRequest
-	2,  // 7: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
-	4,  // 8: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
-	6,  // 9: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
-	8,  // 10: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
-	10, // 11: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
-	7,  // [7:12] is the sub-list for method output_type
-	2,  // [2:7] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	0,  // 2: weft.v1.ChunkInfo.chunk:type_name -> weft.v1.ChunkID
+	0,  // 3: weft.v1.ListChunksRequest.after:type_name -> weft.v1.ChunkID
+	11, // 4: weft.v1.ListChunksResponse.chunks:type_name -> weft.v1.ChunkInfo
+	0,  // 5: weft.v1.FullChunk.chunk:type_name -> weft.v1.ChunkID
+	0,  // 6: weft.v1.ReadFullChunkRequest.chunk:type_name -> weft.v1.ChunkID
+	14, // 7: weft.v1.PushChunkRequest.chunk:type_name -> weft.v1.FullChunk
+	1,  // 8: weft.v1.Data.WriteChunk:input_type -> weft.v1.WriteChunkRequest
+	3,  // 9: weft.v1.Data.ReadChunk:input_type -> weft.v1.ReadChunkRequest
+	5,  // 10: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
+	7,  // 11: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
+	9,  // 12: weft.v1.Data.SyncFile:input_type -> weft.v1.SyncFileRequest
+	12, // 13: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
+	15, // 14: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
+	16, // 15: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
+	2,  // 16: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
+	4,  // 17: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
+	6,  // 18: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
+	8,  // 19: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
+	10, // 20: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
+	13, // 21: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
+	14, // 22: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
+	17, // 23: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_data_proto_init() }
@@ -729,7 +1271,7 @@ func file_proto_weft_v1_data_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_data_proto_rawDesc), len(file_proto_weft_v1_data_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

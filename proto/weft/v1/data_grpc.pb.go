@@ -19,11 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Data_WriteChunk_FullMethodName   = "/weft.v1.Data/WriteChunk"
-	Data_ReadChunk_FullMethodName    = "/weft.v1.Data/ReadChunk"
-	Data_TruncateFile_FullMethodName = "/weft.v1.Data/TruncateFile"
-	Data_DeleteFile_FullMethodName   = "/weft.v1.Data/DeleteFile"
-	Data_SyncFile_FullMethodName     = "/weft.v1.Data/SyncFile"
+	Data_WriteChunk_FullMethodName    = "/weft.v1.Data/WriteChunk"
+	Data_ReadChunk_FullMethodName     = "/weft.v1.Data/ReadChunk"
+	Data_TruncateFile_FullMethodName  = "/weft.v1.Data/TruncateFile"
+	Data_DeleteFile_FullMethodName    = "/weft.v1.Data/DeleteFile"
+	Data_SyncFile_FullMethodName      = "/weft.v1.Data/SyncFile"
+	Data_ListChunks_FullMethodName    = "/weft.v1.Data/ListChunks"
+	Data_ReadFullChunk_FullMethodName = "/weft.v1.Data/ReadFullChunk"
+	Data_PushChunk_FullMethodName     = "/weft.v1.Data/PushChunk"
 )
 
 // DataClient is the client API for Data service.
@@ -37,6 +40,10 @@ type DataClient interface {
 	TruncateFile(ctx context.Context, in *TruncateFileRequest, opts ...grpc.CallOption) (*TruncateFileResponse, error)
 	DeleteFile(ctx context.Context, in *DeleteFileRequest, opts ...grpc.CallOption) (*DeleteFileResponse, error)
 	SyncFile(ctx context.Context, in *SyncFileRequest, opts ...grpc.CallOption) (*SyncFileResponse, error)
+	// Replication between chain members.
+	ListChunks(ctx context.Context, in *ListChunksRequest, opts ...grpc.CallOption) (*ListChunksResponse, error)
+	ReadFullChunk(ctx context.Context, in *ReadFullChunkRequest, opts ...grpc.CallOption) (*FullChunk, error)
+	PushChunk(ctx context.Context, in *PushChunkRequest, opts ...grpc.CallOption) (*PushChunkResponse, error)
 }
 
 type dataClient struct {
@@ -97,6 +104,36 @@ func (c *dataClient) SyncFile(ctx context.Context, in *SyncFileRequest, opts ...
 	return out, nil
 }
 
+func (c *dataClient) ListChunks(ctx context.Context, in *ListChunksRequest, opts ...grpc.CallOption) (*ListChunksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListChunksResponse)
+	err := c.cc.Invoke(ctx, Data_ListChunks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataClient) ReadFullChunk(ctx context.Context, in *ReadFullChunkRequest, opts ...grpc.CallOption) (*FullChunk, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FullChunk)
+	err := c.cc.Invoke(ctx, Data_ReadFullChunk_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dataClient) PushChunk(ctx context.Context, in *PushChunkRequest, opts ...grpc.CallOption) (*PushChunkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushChunkResponse)
+	err := c.cc.Invoke(ctx, Data_PushChunk_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DataServer is the server API for Data service.
 // All implementations must embed UnimplementedDataServer
 // for forward compatibility.
@@ -108,6 +145,10 @@ type DataServer interface {
 	TruncateFile(context.Context, *TruncateFileRequest) (*TruncateFileResponse, error)
 	DeleteFile(context.Context, *DeleteFileRequest) (*DeleteFileResponse, error)
 	SyncFile(context.Context, *SyncFileRequest) (*SyncFileResponse, error)
+	// Replication between chain members.
+	ListChunks(context.Context, *ListChunksRequest) (*ListChunksResponse, error)
+	ReadFullChunk(context.Context, *ReadFullChunkRequest) (*FullChunk, error)
+	PushChunk(context.Context, *PushChunkRequest) (*PushChunkResponse, error)
 	mustEmbedUnimplementedDataServer()
 }
 
@@ -132,6 +173,15 @@ func (UnimplementedDataServer) DeleteFile(context.Context, *DeleteFileRequest) (
 }
 func (UnimplementedDataServer) SyncFile(context.Context, *SyncFileRequest) (*SyncFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SyncFile not implemented")
+}
+func (UnimplementedDataServer) ListChunks(context.Context, *ListChunksRequest) (*ListChunksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListChunks not implemented")
+}
+func (UnimplementedDataServer) ReadFullChunk(context.Context, *ReadFullChunkRequest) (*FullChunk, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadFullChunk not implemented")
+}
+func (UnimplementedDataServer) PushChunk(context.Context, *PushChunkRequest) (*PushChunkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushChunk not implemented")
 }
 func (UnimplementedDataServer) mustEmbedUnimplementedDataServer() {}
 func (UnimplementedDataServer) testEmbeddedByValue()              {}
@@ -244,6 +294,60 @@ func _Data_SyncFile_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Data_ListChunks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListChunksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataServer).ListChunks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Data_ListChunks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataServer).ListChunks(ctx, req.(*ListChunksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Data_ReadFullChunk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadFullChunkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataServer).ReadFullChunk(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Data_ReadFullChunk_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataServer).ReadFullChunk(ctx, req.(*ReadFullChunkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Data_PushChunk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushChunkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataServer).PushChunk(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Data_PushChunk_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataServer).PushChunk(ctx, req.(*PushChunkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Data_ServiceDesc is the grpc.ServiceDesc for Data service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -270,6 +374,18 @@ var Data_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncFile",
 			Handler:    _Data_SyncFile_Handler,
+		},
+		{
+			MethodName: "ListChunks",
+			Handler:    _Data_ListChunks_Handler,
+		},
+		{
+			MethodName: "ReadFullChunk",
+			Handler:    _Data_ReadFullChunk_Handler,
+		},
+		{
+			MethodName: "PushChunk",
+			Handler:    _Data_PushChunk_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -2997,7 +2997,13 @@ type TargetReport struct {
 	Chunks     uint64 `protobuf:"varint,6,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	// Identifies the local file system holding the target (its device
 	// number), so targets sharing one disk count its capacity once.
-	Filesystem    string `protobuf:"bytes,7,opt,name=filesystem,proto3" json:"filesystem,omitempty"`
+	Filesystem string `protobuf:"bytes,7,opt,name=filesystem,proto3" json:"filesystem,omitempty"`
+	// Background scrub: bytes verified, bad copies found and repaired.
+	ScrubbedBytes uint64 `protobuf:"varint,8,opt,name=scrubbed_bytes,json=scrubbedBytes,proto3" json:"scrubbed_bytes,omitempty"`
+	ScrubErrors   uint64 `protobuf:"varint,9,opt,name=scrub_errors,json=scrubErrors,proto3" json:"scrub_errors,omitempty"`
+	ScrubRepaired uint64 `protobuf:"varint,10,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
+	// Syncs in progress on this target (it is a syncing chain member).
+	Syncs         []*SyncProgress `protobuf:"bytes,11,rep,name=syncs,proto3" json:"syncs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3081,6 +3087,95 @@ func (x *TargetReport) GetFilesystem() string {
 	return ""
 }
 
+func (x *TargetReport) GetScrubbedBytes() uint64 {
+	if x != nil {
+		return x.ScrubbedBytes
+	}
+	return 0
+}
+
+func (x *TargetReport) GetScrubErrors() uint64 {
+	if x != nil {
+		return x.ScrubErrors
+	}
+	return 0
+}
+
+func (x *TargetReport) GetScrubRepaired() uint64 {
+	if x != nil {
+		return x.ScrubRepaired
+	}
+	return 0
+}
+
+func (x *TargetReport) GetSyncs() []*SyncProgress {
+	if x != nil {
+		return x.Syncs
+	}
+	return nil
+}
+
+// SyncProgress reports a syncing member's copy of what it missed.
+type SyncProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ChainId       uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	BytesDone     uint64                 `protobuf:"varint,2,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesLeft     uint64                 `protobuf:"varint,3,opt,name=bytes_left,json=bytesLeft,proto3" json:"bytes_left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncProgress) Reset() {
+	*x = SyncProgress{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncProgress) ProtoMessage() {}
+
+func (x *SyncProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncProgress.ProtoReflect.Descriptor instead.
+func (*SyncProgress) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *SyncProgress) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *SyncProgress) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *SyncProgress) GetBytesLeft() uint64 {
+	if x != nil {
+		return x.BytesLeft
+	}
+	return 0
+}
+
 type RegisterServerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable identity kept in the server's directory.
@@ -3097,7 +3192,7 @@ type RegisterServerRequest struct {
 
 func (x *RegisterServerRequest) Reset() {
 	*x = RegisterServerRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3204,7 @@ func (x *RegisterServerRequest) String() string {
 func (*RegisterServerRequest) ProtoMessage() {}
 
 func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3217,7 @@ func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterServerRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{49}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RegisterServerRequest) GetUuid() string {
@@ -3180,7 +3275,7 @@ type RegisterServerResponse struct {
 
 func (x *RegisterServerResponse) Reset() {
 	*x = RegisterServerResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3287,7 @@ func (x *RegisterServerResponse) String() string {
 func (*RegisterServerResponse) ProtoMessage() {}
 
 func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3300,7 @@ func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterServerResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{50}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RegisterServerResponse) GetServerId() uint64 {
@@ -3247,7 +3342,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3354,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3367,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{51}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *HeartbeatRequest) GetServerId() uint64 {
@@ -3307,7 +3402,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +3414,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3332,7 +3427,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{52}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *HeartbeatResponse) GetChains() *ChainTable {
@@ -3361,7 +3456,7 @@ type Chain struct {
 
 func (x *Chain) Reset() {
 	*x = Chain{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3468,7 @@ func (x *Chain) String() string {
 func (*Chain) ProtoMessage() {}
 
 func (x *Chain) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3481,7 @@ func (x *Chain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chain.ProtoReflect.Descriptor instead.
 func (*Chain) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Chain) GetId() uint64 {
@@ -3423,7 +3518,7 @@ type ChainMember struct {
 
 func (x *ChainMember) Reset() {
 	*x = ChainMember{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3435,7 +3530,7 @@ func (x *ChainMember) String() string {
 func (*ChainMember) ProtoMessage() {}
 
 func (x *ChainMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3543,7 @@ func (x *ChainMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainMember.ProtoReflect.Descriptor instead.
 func (*ChainMember) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ChainMember) GetTargetId() uint64 {
@@ -3489,7 +3584,7 @@ type ChainTable struct {
 
 func (x *ChainTable) Reset() {
 	*x = ChainTable{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3596,7 @@ func (x *ChainTable) String() string {
 func (*ChainTable) ProtoMessage() {}
 
 func (x *ChainTable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3609,7 @@ func (x *ChainTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainTable.ProtoReflect.Descriptor instead.
 func (*ChainTable) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ChainTable) GetVersion() uint64 {
@@ -3531,6 +3626,300 @@ func (x *ChainTable) GetChains() []*Chain {
 	return nil
 }
 
+// ReportSyncedRequest tells the manager that a syncing member has copied
+// everything it missed at chain_version; it becomes serving.
+type ReportSyncedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServerId      uint64                 `protobuf:"varint,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	TargetId      uint64                 `protobuf:"varint,2,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	ChainId       uint64                 `protobuf:"varint,3,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion  uint64                 `protobuf:"varint,4,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSyncedRequest) Reset() {
+	*x = ReportSyncedRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSyncedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSyncedRequest) ProtoMessage() {}
+
+func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSyncedRequest.ProtoReflect.Descriptor instead.
+func (*ReportSyncedRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ReportSyncedRequest) GetServerId() uint64 {
+	if x != nil {
+		return x.ServerId
+	}
+	return 0
+}
+
+func (x *ReportSyncedRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
+func (x *ReportSyncedRequest) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *ReportSyncedRequest) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+type ReportSyncedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chains        *ChainTable            `protobuf:"bytes,1,opt,name=chains,proto3" json:"chains,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportSyncedResponse) Reset() {
+	*x = ReportSyncedResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportSyncedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportSyncedResponse) ProtoMessage() {}
+
+func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportSyncedResponse.ProtoReflect.Descriptor instead.
+func (*ReportSyncedResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ReportSyncedResponse) GetChains() *ChainTable {
+	if x != nil {
+		return x.Chains
+	}
+	return nil
+}
+
+// RemoveTargetRequest takes a target out of every chain at once (as if
+// its repair delay had passed); its chains are re-replicated elsewhere.
+type RemoveTargetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TargetId      uint64                 `protobuf:"varint,1,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTargetRequest) Reset() {
+	*x = RemoveTargetRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTargetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTargetRequest) ProtoMessage() {}
+
+func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
+func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *RemoveTargetRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
+type RemoveTargetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chains the target was replaced in.
+	ChainsChanged uint32 `protobuf:"varint,1,opt,name=chains_changed,json=chainsChanged,proto3" json:"chains_changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveTargetResponse) Reset() {
+	*x = RemoveTargetResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveTargetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveTargetResponse) ProtoMessage() {}
+
+func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
+func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *RemoveTargetResponse) GetChainsChanged() uint32 {
+	if x != nil {
+		return x.ChainsChanged
+	}
+	return 0
+}
+
+// ChainSummary counts the chains of one width by health.
+type ChainSummary struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Replicas uint32                 `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Total    uint32                 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	// Every member serving.
+	Healthy uint32 `protobuf:"varint,3,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Some member offline or missing, at least one serving.
+	Degraded uint32 `protobuf:"varint,4,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// Some member syncing, none offline.
+	Syncing uint32 `protobuf:"varint,5,opt,name=syncing,proto3" json:"syncing,omitempty"`
+	// No serving member.
+	Unavailable   uint32 `protobuf:"varint,6,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChainSummary) Reset() {
+	*x = ChainSummary{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChainSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChainSummary) ProtoMessage() {}
+
+func (x *ChainSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChainSummary.ProtoReflect.Descriptor instead.
+func (*ChainSummary) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ChainSummary) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *ChainSummary) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *ChainSummary) GetHealthy() uint32 {
+	if x != nil {
+		return x.Healthy
+	}
+	return 0
+}
+
+func (x *ChainSummary) GetDegraded() uint32 {
+	if x != nil {
+		return x.Degraded
+	}
+	return 0
+}
+
+func (x *ChainSummary) GetSyncing() uint32 {
+	if x != nil {
+		return x.Syncing
+	}
+	return 0
+}
+
+func (x *ChainSummary) GetUnavailable() uint32 {
+	if x != nil {
+		return x.Unavailable
+	}
+	return 0
+}
+
 type GetChainsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3539,7 +3928,7 @@ type GetChainsRequest struct {
 
 func (x *GetChainsRequest) Reset() {
 	*x = GetChainsRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3940,7 @@ func (x *GetChainsRequest) String() string {
 func (*GetChainsRequest) ProtoMessage() {}
 
 func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3953,7 @@ func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChainsRequest.ProtoReflect.Descriptor instead.
 func (*GetChainsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{62}
 }
 
 type ServerStatus struct {
@@ -3583,7 +3972,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3984,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3997,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ServerStatus) GetId() uint64 {
@@ -3682,7 +4071,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +4083,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +4096,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *TargetStatus) GetId() uint64 {
@@ -3767,7 +4156,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +4168,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +4181,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
 }
 
 type StatusResponse struct {
@@ -3808,15 +4197,22 @@ type StatusResponse struct {
 	Chains      uint64                 `protobuf:"varint,9,opt,name=chains,proto3" json:"chains,omitempty"`
 	Sessions    uint64                 `protobuf:"varint,10,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	// Inodes whose chunks wait for garbage collection.
-	GcPending     uint64  `protobuf:"varint,11,opt,name=gc_pending,json=gcPending,proto3" json:"gc_pending,omitempty"`
-	DefaultLayout *Layout `protobuf:"bytes,12,opt,name=default_layout,json=defaultLayout,proto3" json:"default_layout,omitempty"`
+	GcPending      uint64          `protobuf:"varint,11,opt,name=gc_pending,json=gcPending,proto3" json:"gc_pending,omitempty"`
+	DefaultLayout  *Layout         `protobuf:"bytes,12,opt,name=default_layout,json=defaultLayout,proto3" json:"default_layout,omitempty"`
+	ChainSummaries []*ChainSummary `protobuf:"bytes,13,rep,name=chain_summaries,json=chainSummaries,proto3" json:"chain_summaries,omitempty"`
+	// Bytes syncing members still have to copy, and the estimated time.
+	SyncBytesLeft uint64 `protobuf:"varint,14,opt,name=sync_bytes_left,json=syncBytesLeft,proto3" json:"sync_bytes_left,omitempty"`
+	SyncEtaMs     int64  `protobuf:"varint,15,opt,name=sync_eta_ms,json=syncEtaMs,proto3" json:"sync_eta_ms,omitempty"`
+	// Things an admin should look at (e.g. chain members sharing a server).
+	Warnings      []string `protobuf:"bytes,16,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	ChainList     []*Chain `protobuf:"bytes,17,rep,name=chain_list,json=chainList,proto3" json:"chain_list,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3828,7 +4224,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3841,7 +4237,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *StatusResponse) GetClusterId() string {
@@ -3924,6 +4320,41 @@ func (x *StatusResponse) GetGcPending() uint64 {
 func (x *StatusResponse) GetDefaultLayout() *Layout {
 	if x != nil {
 		return x.DefaultLayout
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetChainSummaries() []*ChainSummary {
+	if x != nil {
+		return x.ChainSummaries
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetSyncBytesLeft() uint64 {
+	if x != nil {
+		return x.SyncBytesLeft
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetSyncEtaMs() int64 {
+	if x != nil {
+		return x.SyncEtaMs
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetChainList() []*Chain {
+	if x != nil {
+		return x.ChainList
 	}
 	return nil
 }
@@ -4123,7 +4554,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x14RenewSessionResponse\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
-	"\x14CloseSessionResponse\"\xcd\x01\n" +
+	"\x14CloseSessionResponse\"\xeb\x02\n" +
 	"\fTargetReport\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
@@ -4136,7 +4567,18 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x06chunks\x18\x06 \x01(\x04R\x06chunks\x12\x1e\n" +
 	"\n" +
 	"filesystem\x18\a \x01(\tR\n" +
-	"filesystem\"\xba\x01\n" +
+	"filesystem\x12%\n" +
+	"\x0escrubbed_bytes\x18\b \x01(\x04R\rscrubbedBytes\x12!\n" +
+	"\fscrub_errors\x18\t \x01(\x04R\vscrubErrors\x12%\n" +
+	"\x0escrub_repaired\x18\n" +
+	" \x01(\x04R\rscrubRepaired\x12+\n" +
+	"\x05syncs\x18\v \x03(\v2\x15.weft.v1.SyncProgressR\x05syncs\"g\n" +
+	"\fSyncProgress\x12\x19\n" +
+	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x02 \x01(\x04R\tbytesDone\x12\x1d\n" +
+	"\n" +
+	"bytes_left\x18\x03 \x01(\x04R\tbytesLeft\"\xba\x01\n" +
 	"\x15RegisterServerRequest\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
@@ -4169,7 +4611,25 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"ChainTable\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12&\n" +
-	"\x06chains\x18\x02 \x03(\v2\x0e.weft.v1.ChainR\x06chains\"\x12\n" +
+	"\x06chains\x18\x02 \x03(\v2\x0e.weft.v1.ChainR\x06chains\"\x8f\x01\n" +
+	"\x13ReportSyncedRequest\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x1b\n" +
+	"\ttarget_id\x18\x02 \x01(\x04R\btargetId\x12\x19\n" +
+	"\bchain_id\x18\x03 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x04 \x01(\x04R\fchainVersion\"C\n" +
+	"\x14ReportSyncedResponse\x12+\n" +
+	"\x06chains\x18\x01 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\"2\n" +
+	"\x13RemoveTargetRequest\x12\x1b\n" +
+	"\ttarget_id\x18\x01 \x01(\x04R\btargetId\"=\n" +
+	"\x14RemoveTargetResponse\x12%\n" +
+	"\x0echains_changed\x18\x01 \x01(\rR\rchainsChanged\"\xb2\x01\n" +
+	"\fChainSummary\x12\x1a\n" +
+	"\breplicas\x18\x01 \x01(\rR\breplicas\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\x12\x18\n" +
+	"\ahealthy\x18\x03 \x01(\rR\ahealthy\x12\x1a\n" +
+	"\bdegraded\x18\x04 \x01(\rR\bdegraded\x12\x18\n" +
+	"\asyncing\x18\x05 \x01(\rR\asyncing\x12 \n" +
+	"\vunavailable\x18\x06 \x01(\rR\vunavailable\"\x12\n" +
 	"\x10GetChainsRequest\"\xf1\x01\n" +
 	"\fServerStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
@@ -4191,7 +4651,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"used_bytes\x18\x05 \x01(\x04R\tusedBytes\x12\x16\n" +
 	"\x06chunks\x18\x06 \x01(\x04R\x06chunks\x12\x16\n" +
 	"\x06online\x18\a \x01(\bR\x06online\"\x0f\n" +
-	"\rStatusRequest\"\x9a\x03\n" +
+	"\rStatusRequest\"\xed\x04\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
@@ -4210,7 +4670,13 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	" \x01(\x04R\bsessions\x12\x1d\n" +
 	"\n" +
 	"gc_pending\x18\v \x01(\x04R\tgcPending\x126\n" +
-	"\x0edefault_layout\x18\f \x01(\v2\x0f.weft.v1.LayoutR\rdefaultLayout*\xbb\x01\n" +
+	"\x0edefault_layout\x18\f \x01(\v2\x0f.weft.v1.LayoutR\rdefaultLayout\x12>\n" +
+	"\x0fchain_summaries\x18\r \x03(\v2\x15.weft.v1.ChainSummaryR\x0echainSummaries\x12&\n" +
+	"\x0fsync_bytes_left\x18\x0e \x01(\x04R\rsyncBytesLeft\x12\x1e\n" +
+	"\vsync_eta_ms\x18\x0f \x01(\x03R\tsyncEtaMs\x12\x1a\n" +
+	"\bwarnings\x18\x10 \x03(\tR\bwarnings\x12-\n" +
+	"\n" +
+	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList*\xbb\x01\n" +
 	"\fSetAttrValid\x12\x10\n" +
 	"\fSETATTR_NONE\x10\x00\x12\x10\n" +
 	"\fSETATTR_MODE\x10\x01\x12\x0f\n" +
@@ -4229,7 +4695,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xfd\x0e\n" +
+	"\rXATTR_REPLACE\x10\x022\x97\x10\n" +
 	"\x04Meta\x127\n" +
 	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
@@ -4259,7 +4725,9 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\x12Q\n" +
 	"\x0eRegisterServer\x12\x1e.weft.v1.RegisterServerRequest\x1a\x1f.weft.v1.RegisterServerResponse\x12B\n" +
 	"\tHeartbeat\x12\x19.weft.v1.HeartbeatRequest\x1a\x1a.weft.v1.HeartbeatResponse\x12;\n" +
-	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\x129\n" +
+	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\x12K\n" +
+	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\x12K\n" +
+	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\x129\n" +
 	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
@@ -4275,7 +4743,7 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(SetAttrValid)(0),              // 0: weft.v1.SetAttrValid
 	(RenameFlags)(0),               // 1: weft.v1.RenameFlags
@@ -4329,18 +4797,24 @@ var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(*CloseSessionRequest)(nil),    // 49: weft.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),   // 50: weft.v1.CloseSessionResponse
 	(*TargetReport)(nil),           // 51: weft.v1.TargetReport
-	(*RegisterServerRequest)(nil),  // 52: weft.v1.RegisterServerRequest
-	(*RegisterServerResponse)(nil), // 53: weft.v1.RegisterServerResponse
-	(*HeartbeatRequest)(nil),       // 54: weft.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),      // 55: weft.v1.HeartbeatResponse
-	(*Chain)(nil),                  // 56: weft.v1.Chain
-	(*ChainMember)(nil),            // 57: weft.v1.ChainMember
-	(*ChainTable)(nil),             // 58: weft.v1.ChainTable
-	(*GetChainsRequest)(nil),       // 59: weft.v1.GetChainsRequest
-	(*ServerStatus)(nil),           // 60: weft.v1.ServerStatus
-	(*TargetStatus)(nil),           // 61: weft.v1.TargetStatus
-	(*StatusRequest)(nil),          // 62: weft.v1.StatusRequest
-	(*StatusResponse)(nil),         // 63: weft.v1.StatusResponse
+	(*SyncProgress)(nil),           // 52: weft.v1.SyncProgress
+	(*RegisterServerRequest)(nil),  // 53: weft.v1.RegisterServerRequest
+	(*RegisterServerResponse)(nil), // 54: weft.v1.RegisterServerResponse
+	(*HeartbeatRequest)(nil),       // 55: weft.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),      // 56: weft.v1.HeartbeatResponse
+	(*Chain)(nil),                  // 57: weft.v1.Chain
+	(*ChainMember)(nil),            // 58: weft.v1.ChainMember
+	(*ChainTable)(nil),             // 59: weft.v1.ChainTable
+	(*ReportSyncedRequest)(nil),    // 60: weft.v1.ReportSyncedRequest
+	(*ReportSyncedResponse)(nil),   // 61: weft.v1.ReportSyncedResponse
+	(*RemoveTargetRequest)(nil),    // 62: weft.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),   // 63: weft.v1.RemoveTargetResponse
+	(*ChainSummary)(nil),           // 64: weft.v1.ChainSummary
+	(*GetChainsRequest)(nil),       // 65: weft.v1.GetChainsRequest
+	(*ServerStatus)(nil),           // 66: weft.v1.ServerStatus
+	(*TargetStatus)(nil),           // 67: weft.v1.TargetStatus
+	(*StatusRequest)(nil),          // 68: weft.v1.StatusRequest
+	(*StatusResponse)(nil),         // 69: weft.v1.StatusResponse
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,  // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
@@ -4370,80 +4844,88 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	3,  // 24: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
 	4,  // 25: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
 	4,  // 26: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	51, // 27: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	58, // 28: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	51, // 29: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	58, // 30: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	57, // 31: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	56, // 32: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	61, // 33: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	60, // 34: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,  // 35: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	7,  // 36: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 37: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 38: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 39: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 40: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 41: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 42: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 43: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 44: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 45: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 46: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 47: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 48: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 49: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 50: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 51: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 52: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 53: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 54: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 55: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 56: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 57: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 58: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	45, // 59: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 60: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 61: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	52, // 62: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	54, // 63: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	59, // 64: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	62, // 65: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	8,  // 66: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 67: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 68: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 69: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 70: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 71: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 72: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 73: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 74: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 75: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 76: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 77: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 78: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 79: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 80: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 81: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 82: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 83: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 84: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 85: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 86: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 87: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 88: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	46, // 89: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 90: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 91: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	53, // 92: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	55, // 93: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	58, // 94: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	63, // 95: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	66, // [66:96] is the sub-list for method output_type
-	36, // [36:66] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	52, // 27: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	51, // 28: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 29: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	51, // 30: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 31: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	58, // 32: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	57, // 33: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	59, // 34: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	67, // 35: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	66, // 36: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,  // 37: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	64, // 38: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	57, // 39: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	7,  // 40: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,  // 41: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10, // 42: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11, // 43: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13, // 44: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	14, // 45: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	14, // 46: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	16, // 47: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	18, // 48: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	19, // 49: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	20, // 50: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	22, // 51: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	25, // 52: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	26, // 53: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	28, // 54: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	30, // 55: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	31, // 56: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	33, // 57: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	35, // 58: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	37, // 59: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	39, // 60: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	41, // 61: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	43, // 62: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	45, // 63: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	47, // 64: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	49, // 65: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	53, // 66: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	55, // 67: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	65, // 68: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	60, // 69: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	62, // 70: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	68, // 71: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	8,  // 72: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,  // 73: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,  // 74: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12, // 75: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	8,  // 76: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	15, // 77: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	15, // 78: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	17, // 79: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,  // 80: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,  // 81: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	21, // 82: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	24, // 83: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,  // 84: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	27, // 85: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	29, // 86: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,  // 87: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	32, // 88: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	34, // 89: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	36, // 90: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	38, // 91: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	40, // 92: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	42, // 93: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	44, // 94: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	46, // 95: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	48, // 96: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	50, // 97: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	54, // 98: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	56, // 99: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	59, // 100: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	61, // 101: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	63, // 102: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	69, // 103: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	72, // [72:104] is the sub-list for method output_type
+	40, // [40:72] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -4457,7 +4939,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   61,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -51,6 +51,8 @@ const (
 	Meta_RegisterServer_FullMethodName = "/weft.v1.Meta/RegisterServer"
 	Meta_Heartbeat_FullMethodName      = "/weft.v1.Meta/Heartbeat"
 	Meta_GetChains_FullMethodName      = "/weft.v1.Meta/GetChains"
+	Meta_ReportSynced_FullMethodName   = "/weft.v1.Meta/ReportSynced"
+	Meta_RemoveTarget_FullMethodName   = "/weft.v1.Meta/RemoveTarget"
 	Meta_Status_FullMethodName         = "/weft.v1.Meta/Status"
 )
 
@@ -89,6 +91,8 @@ type MetaClient interface {
 	RegisterServer(ctx context.Context, in *RegisterServerRequest, opts ...grpc.CallOption) (*RegisterServerResponse, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	GetChains(ctx context.Context, in *GetChainsRequest, opts ...grpc.CallOption) (*ChainTable, error)
+	ReportSynced(ctx context.Context, in *ReportSyncedRequest, opts ...grpc.CallOption) (*ReportSyncedResponse, error)
+	RemoveTarget(ctx context.Context, in *RemoveTargetRequest, opts ...grpc.CallOption) (*RemoveTargetResponse, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 }
 
@@ -390,6 +394,26 @@ func (c *metaClient) GetChains(ctx context.Context, in *GetChainsRequest, opts .
 	return out, nil
 }
 
+func (c *metaClient) ReportSynced(ctx context.Context, in *ReportSyncedRequest, opts ...grpc.CallOption) (*ReportSyncedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportSyncedResponse)
+	err := c.cc.Invoke(ctx, Meta_ReportSynced_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) RemoveTarget(ctx context.Context, in *RemoveTargetRequest, opts ...grpc.CallOption) (*RemoveTargetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveTargetResponse)
+	err := c.cc.Invoke(ctx, Meta_RemoveTarget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *metaClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatusResponse)
@@ -435,6 +459,8 @@ type MetaServer interface {
 	RegisterServer(context.Context, *RegisterServerRequest) (*RegisterServerResponse, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	GetChains(context.Context, *GetChainsRequest) (*ChainTable, error)
+	ReportSynced(context.Context, *ReportSyncedRequest) (*ReportSyncedResponse, error)
+	RemoveTarget(context.Context, *RemoveTargetRequest) (*RemoveTargetResponse, error)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	mustEmbedUnimplementedMetaServer()
 }
@@ -532,6 +558,12 @@ func (UnimplementedMetaServer) Heartbeat(context.Context, *HeartbeatRequest) (*H
 }
 func (UnimplementedMetaServer) GetChains(context.Context, *GetChainsRequest) (*ChainTable, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetChains not implemented")
+}
+func (UnimplementedMetaServer) ReportSynced(context.Context, *ReportSyncedRequest) (*ReportSyncedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportSynced not implemented")
+}
+func (UnimplementedMetaServer) RemoveTarget(context.Context, *RemoveTargetRequest) (*RemoveTargetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveTarget not implemented")
 }
 func (UnimplementedMetaServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
@@ -1079,6 +1111,42 @@ func _Meta_GetChains_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_ReportSynced_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportSyncedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).ReportSynced(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_ReportSynced_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).ReportSynced(ctx, req.(*ReportSyncedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_RemoveTarget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveTargetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).RemoveTarget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_RemoveTarget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).RemoveTarget(ctx, req.(*RemoveTargetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Meta_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatusRequest)
 	if err := dec(in); err != nil {
@@ -1219,6 +1287,14 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetChains",
 			Handler:    _Meta_GetChains_Handler,
+		},
+		{
+			MethodName: "ReportSynced",
+			Handler:    _Meta_ReportSynced_Handler,
+		},
+		{
+			MethodName: "RemoveTarget",
+			Handler:    _Meta_RemoveTarget_Handler,
 		},
 		{
 			MethodName: "Status",
