@@ -10,7 +10,10 @@
 // from heartbeats. A chain is a first-class object: an id, a version that
 // changes with its membership or its members' states, and an ordered list
 // of member targets (head first). With one replica every target gets a
-// chain of its own.
+// chain of its own; for R >= 2 replicas every target heads a chain of R
+// targets on distinct failure domains, members that fail are taken out,
+// come back syncing, and are replaced after the repair delay (see
+// README.md).
 package cluster
 
 import (
@@ -33,6 +36,7 @@ import (
 const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultFailureTimeout    = 5 * time.Second
+	DefaultRepairDelay       = 10 * time.Minute
 )
 
 // Config configures a Manager. Zero fields take the defaults.
@@ -43,6 +47,10 @@ type Config struct {
 	// FailureTimeout is how long a server may go without a heartbeat
 	// before it is marked offline. Default 5s.
 	FailureTimeout time.Duration
+	// RepairDelay is how long a member of a replicated chain may stay
+	// offline before it is replaced by another target, which then copies
+	// the chain's data. Default 10m.
+	RepairDelay time.Duration
 	// Logger receives state changes (registrations, servers going offline
 	// and coming back). Default slog.Default().
 	Logger *slog.Logger
@@ -68,7 +76,9 @@ type Manager struct {
 	nextServer   uint64 // last ids handed out
 	nextTarget   uint64
 	nextChain    uint64
+	widths       []uint32           // chain widths >= 2 asked for, sorted
 	table        *weftv1.ChainTable // built from the above; nil when stale
+	sync         syncStats          // progress of syncing members
 	rrNext       uint64             // rotating start of round-robin placement
 	rng          *rand.Rand         // weighted placement
 
@@ -99,6 +109,8 @@ type targetState struct {
 type capacity struct {
 	total, free, used, chunks uint64
 	filesystem                string // device of the target's file system, "" if unknown
+	// Background scrub counters.
+	scrubbed, scrubErrors, scrubRepaired uint64
 }
 
 // NewManager loads the servers, targets and chains persisted in eng.
@@ -111,6 +123,9 @@ func NewManager(ctx context.Context, eng kv.Engine, cfg Config) (*Manager, error
 	}
 	if cfg.FailureTimeout <= 0 {
 		cfg.FailureTimeout = DefaultFailureTimeout
+	}
+	if cfg.RepairDelay <= 0 {
+		cfg.RepairDelay = DefaultRepairDelay
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -148,6 +163,9 @@ func (m *Manager) load(ctx context.Context) error {
 			return err
 		}
 		if m.nextChain, err = getUint64(t, keyNextChain); err != nil {
+			return err
+		}
+		if m.widths, err = getWidths(t); err != nil {
 			return err
 		}
 		if err := scanJSON(t, prefixServer, func(r *serverRecord) {
@@ -214,7 +232,8 @@ type stage struct {
 	nextServer   uint64
 	nextTarget   uint64
 	nextChain    uint64
-	tableChanged bool // something the chain table shows changed (addresses)
+	widths       []uint32 // new set of chain widths; nil: unchanged
+	tableChanged bool     // something the chain table shows changed (addresses)
 }
 
 func (m *Manager) newStage() *stage {
@@ -222,7 +241,7 @@ func (m *Manager) newStage() *stage {
 }
 
 func (s *stage) empty() bool {
-	return len(s.servers) == 0 && len(s.targets) == 0 && len(s.chains) == 0 && !s.tableChanged
+	return len(s.servers) == 0 && len(s.targets) == 0 && len(s.chains) == 0 && s.widths == nil && !s.tableChanged
 }
 
 // commit persists s and installs it. Called with m.mu held.
@@ -247,6 +266,11 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 		}
 		for _, r := range s.chains {
 			if err := putJSON(t, idKey(prefixChain, r.ID), r); err != nil {
+				return err
+			}
+		}
+		if s.widths != nil {
+			if err := putJSON(t, []byte(keyWidths), s.widths); err != nil {
 				return err
 			}
 		}
@@ -293,6 +317,9 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 		m.reindexChains()
 	}
 	m.nextServer, m.nextTarget, m.nextChain = s.nextServer, s.nextTarget, s.nextChain
+	if s.widths != nil {
+		m.widths = s.widths
+	}
 	m.tableVersion = version
 	m.table = nil
 	return nil

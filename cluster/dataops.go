@@ -46,9 +46,12 @@ func (r memberRef) String() string {
 }
 
 // TruncateFile cuts the chunks of inode ino to a file length of size on
-// every chain of layout, in parallel. If a chain's data server is offline
-// it fails with an error wrapping syscall.EIO that names the server; the
-// call can be repeated once the server is back (truncation is idempotent).
+// every chain of layout, in parallel. A chain of one replica is asked
+// directly; if its data server is offline the call fails with an error
+// wrapping syscall.EIO that names the server. A replicated chain is asked
+// at its head (first serving member), which passes the request down the
+// chain; it fails only if no member serves. The call can be repeated
+// (truncation is idempotent).
 func (m *Manager) TruncateFile(ctx context.Context, ino uint64, layout *weftv1.Layout, size uint64) error {
 	if layout == nil || len(layout.Chains) == 0 {
 		return nil
@@ -57,7 +60,7 @@ func (m *Manager) TruncateFile(ctx context.Context, ino uint64, layout *weftv1.L
 	what := fmt.Sprintf("truncate inode %d to %d bytes", ino, size)
 	m.mu.Lock()
 	for _, id := range chains {
-		if _, err := m.chainMembers(what, id); err != nil {
+		if _, err := m.chainTargets(what, id); err != nil {
 			m.mu.Unlock()
 			return err
 		}
@@ -81,19 +84,27 @@ func (m *Manager) TruncateFile(ctx context.Context, ino uint64, layout *weftv1.L
 }
 
 // DeleteFile removes every chunk of inode ino from the data servers that
-// hold layout's chains. Servers that are online are asked even when others
-// are not; any failure is returned (wrapping syscall.EIO for a server that
-// is down) so that the caller retries the whole deletion later, which is
-// harmless for the servers already done.
+// hold layout's chains. For chains of one replica every online server
+// holding one is asked (for all of the file's chunks on it), even when
+// others are not; a replicated chain is asked at its head with the chain
+// id, and the request goes down the chain (members offline now drop the
+// chunks when they sync). Any failure is returned (wrapping syscall.EIO
+// for a server that is down) so that the caller retries the whole
+// deletion later, which is harmless for what is already done.
 func (m *Manager) DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Layout) error {
 	if layout == nil || len(layout.Chains) == 0 {
 		return nil
 	}
 	what := fmt.Sprintf("delete the chunks of inode %d", ino)
 	byServer := make(map[uint64]memberRef)
+	var replicated []uint64
 	var errs []error
 	m.mu.Lock()
-	for _, id := range layout.Chains {
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(layout.Chains))) {
+		if c := m.chains[id]; c != nil && c.width() > 1 {
+			replicated = append(replicated, id)
+			continue
+		}
 		refs, err := m.chainMembers(what, id)
 		if err != nil {
 			errs = append(errs, err)
@@ -104,7 +115,15 @@ func (m *Manager) DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Lay
 		}
 	}
 	m.mu.Unlock()
-	results := make(chan error, len(byServer))
+	results := make(chan error, len(byServer)+len(replicated))
+	for _, id := range replicated {
+		go func() {
+			results <- m.onChain(ctx, what, id, func(ctx context.Context, c weftv1.DataClient, r memberRef) error {
+				_, err := c.DeleteFile(ctx, &weftv1.DeleteFileRequest{Ino: ino, ChainId: r.chainID, ChainVersion: r.chainVersion})
+				return err
+			})
+		}()
+	}
 	for _, r := range byServer {
 		go func() {
 			c, err := m.dataClient(r.serverID, r.addr)
@@ -117,7 +136,7 @@ func (m *Manager) DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Lay
 			results <- err
 		}()
 	}
-	for range byServer {
+	for range len(byServer) + len(replicated) {
 		errs = append(errs, <-results)
 	}
 	return errors.Join(errs...)
@@ -149,9 +168,42 @@ func (m *Manager) chainMembers(what string, id uint64) ([]memberRef, error) {
 	return refs, nil
 }
 
-// onChain runs call on every member of chain id. A refusal for a stale
-// chain version or an unreachable server is retried with the chain's
-// current members until the failure timeout (plus two heartbeats) has
+// chainTargets returns where to send an operation on chain id: every
+// member of a chain of one replica (chainMembers), the head of a
+// replicated one (chainHead). Called with m.mu held.
+func (m *Manager) chainTargets(what string, id uint64) ([]memberRef, error) {
+	if c := m.chains[id]; c != nil && c.width() > 1 {
+		r, err := m.chainHead(what, c)
+		if err != nil {
+			return nil, err
+		}
+		return []memberRef{r}, nil
+	}
+	return m.chainMembers(what, id)
+}
+
+// chainHead returns the first serving member of replicated chain c, or an
+// error wrapping syscall.EIO if none is online. Called with m.mu held.
+func (m *Manager) chainHead(what string, c *chainRecord) (memberRef, error) {
+	for _, mem := range c.Members {
+		if mem.State != stateServing || !m.targetOnline(mem.TargetID) {
+			continue
+		}
+		r := memberRef{chainID: c.ID, chainVersion: c.Version, targetID: mem.TargetID}
+		r.serverID = m.targets[mem.TargetID].rec.ServerID
+		if s := m.servers[r.serverID]; s != nil {
+			r.addr = s.rec.Address
+		}
+		return r, nil
+	}
+	return memberRef{}, fserr.Wrap(syscall.EIO, "%s: chain %d (%d replicas) has no serving member online: retry when its data servers are back",
+		what, c.ID, c.width())
+}
+
+// onChain runs call on the members of chain id that chainTargets names.
+// A refusal for a stale chain version or an unreachable server is retried
+// with the chain's current members (after the manager's own table
+// changed) until the failure timeout (plus two heartbeats) has
 // passed, the time it takes for the server to learn the new table or for
 // the manager to mark it offline.
 func (m *Manager) onChain(ctx context.Context, what string, id uint64, call func(context.Context, weftv1.DataClient, memberRef) error) error {
@@ -159,7 +211,7 @@ func (m *Manager) onChain(ctx context.Context, what string, id uint64, call func
 	delay := retryFirstDelay
 	for {
 		m.mu.Lock()
-		refs, err := m.chainMembers(what, id)
+		refs, err := m.chainTargets(what, id)
 		m.mu.Unlock()
 		if err != nil {
 			return err

@@ -20,6 +20,7 @@ import (
 //	c/next/server             last server id handed out (8 bytes big endian)
 //	c/next/target             last target id handed out
 //	c/next/chain              last chain id handed out
+//	c/widths                  chain widths (replica counts >= 2) asked for, JSON list
 //
 // Live state (heartbeat times, capacity reports) is kept in memory only:
 // it is rebuilt from the first heartbeats after a restart.
@@ -32,6 +33,7 @@ const (
 	keyNextServer        = "c/next/server"
 	keyNextTarget        = "c/next/target"
 	keyNextChain         = "c/next/chain"
+	keyWidths            = "c/widths"
 )
 
 // Member states of a chain, as sent in weftv1.ChainMember.state.
@@ -57,6 +59,9 @@ type targetRecord struct {
 	UUID     string `json:"uuid"`
 	ServerID uint64 `json:"server_id"`
 	Path     string `json:"path"`
+	// Removed: taken out of service (RemoveTarget); it gets no new chains
+	// and is replaced in its chains, even if its server reports it again.
+	Removed bool `json:"removed,omitempty"`
 }
 
 // chainRecord is a persisted chain: its members in order, head first.
@@ -65,12 +70,36 @@ type chainRecord struct {
 	ID      uint64         `json:"id"`
 	Version uint64         `json:"version"`
 	Members []memberRecord `json:"members"`
+	// Replicas is the chain's width (0 in records of the first releases:
+	// 1). Members may be fewer while no replacement for a lost one exists.
+	Replicas uint32 `json:"replicas,omitempty"`
+	// Home is the target the chain was built for (each target heads one
+	// chain of each width when the chain is made).
+	Home uint64 `json:"home,omitempty"`
+	// SharedServer: two members are on one data server, because nothing
+	// else fitted; Status warns about it.
+	SharedServer bool `json:"shared_server,omitempty"`
 }
 
 // memberRecord is one target of a chain and its state.
 type memberRecord struct {
 	TargetID uint64 `json:"target_id"`
 	State    string `json:"state"`
+	// For an offline member of a replicated chain: the chain version at
+	// which it went offline (members that left later hold newer data),
+	// whether it was serving then (had every acknowledged write), and
+	// when (Unix nanoseconds; the repair delay counts from it).
+	Left        uint64 `json:"left,omitempty"`
+	LeftServing bool   `json:"left_serving,omitempty"`
+	Since       int64  `json:"since,omitempty"`
+}
+
+// width returns the number of replicas the chain is meant to have.
+func (c *chainRecord) width() int {
+	if c.Replicas == 0 {
+		return 1
+	}
+	return int(c.Replicas)
 }
 
 func (c *chainRecord) clone() *chainRecord {
@@ -104,6 +133,19 @@ func getUint64(t kv.Txn, key string) (uint64, error) {
 		return 0, fmt.Errorf("cluster state key %s holds %d bytes, want 8: the metadata database is damaged", key, len(b))
 	}
 	return binary.BigEndian.Uint64(b), nil
+}
+
+// getWidths reads the list of chain widths asked for.
+func getWidths(t kv.Txn) ([]uint32, error) {
+	b, ok, err := t.Get([]byte(keyWidths))
+	if err != nil || !ok {
+		return nil, err
+	}
+	var w []uint32
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("decode cluster state key %s: %w (the metadata database is damaged)", keyWidths, err)
+	}
+	return w, nil
 }
 
 // scanJSON decodes every value under prefix into a fresh T and hands it to

@@ -17,8 +17,9 @@ import (
 // RegisterServer records a data server and its targets and marks them
 // online. A server or target seen before (same uuid) keeps its id and gets
 // the request's address and path; a new one gets the next id, and every
-// new target gets a chain of its own. The response carries the ids, the
-// heartbeat interval and the chain table.
+// new target gets a chain of its own (and one of each replicated width in
+// use). The response carries the ids, the heartbeat interval, the failure
+// timeout and the chain table.
 func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServerRequest) (*weftv1.RegisterServerResponse, error) {
 	if err := validateRegister(req); err != nil {
 		return nil, err
@@ -91,10 +92,17 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
 		return nil, fmt.Errorf("register data server %d (%s): %w", sid, req.Address, err)
 	}
+	if len(newTargets) > 0 && len(m.widths) > 0 {
+		// New targets head replicated chains of every width in use.
+		if err := m.ensureChains(ctx, nil); err != nil {
+			return nil, fmt.Errorf("register data server %d (%s): %w", sid, req.Address, err)
+		}
+	}
 	return &weftv1.RegisterServerResponse{
 		ServerId:            sid,
 		TargetIds:           ids,
 		HeartbeatIntervalMs: m.cfg.HeartbeatInterval.Milliseconds(),
+		FailureTimeoutMs:    m.cfg.FailureTimeout.Milliseconds(),
 		Chains:              proto.CloneOf(m.chainTable()),
 	}, nil
 }
@@ -119,8 +127,9 @@ func validateRegister(req *weftv1.RegisterServerRequest) error {
 	return nil
 }
 
-// placeNewTarget builds the chains a new target joins. With one replica
-// every target is the only member of a chain of its own.
+// placeNewTarget stages the chain of one replica a new target gets: it is
+// its only member. Its replicated chains are built by ensureChains once
+// the target is registered.
 func (m *Manager) placeNewTarget(st *stage, t targetRecord) {
 	st.nextChain++
 	st.chains = append(st.chains, &chainRecord{
@@ -191,8 +200,10 @@ func (m *Manager) noteAlive(s *serverState, reports []*weftv1.TargetReport, now 
 		}
 		t.present = ok
 		if ok {
-			t.report = &capacity{total: r.TotalBytes, free: r.FreeBytes, used: r.UsedBytes, chunks: r.Chunks, filesystem: r.Filesystem}
+			t.report = &capacity{total: r.TotalBytes, free: r.FreeBytes, used: r.UsedBytes, chunks: r.Chunks, filesystem: r.Filesystem,
+				scrubbed: r.ScrubbedBytes, scrubErrors: r.ScrubErrors, scrubRepaired: r.ScrubRepaired}
 		}
+		m.sync.note(id, r, now)
 	}
 }
 
@@ -213,8 +224,9 @@ func (m *Manager) Run(ctx context.Context) {
 }
 
 // checkLiveness marks servers offline whose last heartbeat is older than
-// the failure timeout, then brings every chain in line with its members'
-// liveness. A failure to save is logged and retried on the next check.
+// the failure timeout, brings every chain in line with its members'
+// liveness and replaces members of replicated chains gone longer than the
+// repair delay. A failure to save is logged and retried on the next check.
 func (m *Manager) checkLiveness(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -229,6 +241,9 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	if err := m.reconcile(ctx, m.chainIDs); err != nil && ctx.Err() == nil {
 		m.log.Error("update chain states after liveness check (retrying at the next check): " + err.Error())
 	}
+	if _, err := m.repair(ctx, m.chainIDs); err != nil && ctx.Err() == nil {
+		m.log.Error("repair chains (retrying at the next check): " + err.Error())
+	}
 }
 
 // reconcile brings the given chains in line with the liveness of their
@@ -237,29 +252,18 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 //
 // With one replica a member whose target goes offline stays in its chain,
 // because its data exists nowhere else: its state becomes offline, and
-// serving again when the target is back. Replication replaces this policy
-// with taking the member out and adding it back as a syncing tail.
+// serving again when the target is back. Replicated chains follow
+// reconcileReplicated.
 func (m *Manager) reconcile(ctx context.Context, chainIDs []uint64) error {
 	st := m.newStage()
+	now := m.now()
 	for _, id := range chainIDs {
 		c := m.chains[id]
 		var next *chainRecord
-		for i, mem := range c.Members {
-			want := mem.State
-			switch online := m.targetOnline(mem.TargetID); {
-			case !online:
-				want = stateOffline
-			case mem.State == stateOffline:
-				want = stateServing
-			}
-			if want == mem.State {
-				continue
-			}
-			if next == nil {
-				next = c.clone()
-				next.Version++
-			}
-			next.Members[i].State = want
+		if c.width() > 1 {
+			next = m.reconcileReplicated(c, now)
+		} else {
+			next = m.reconcileSingle(c)
 		}
 		if next != nil {
 			m.log.Debug(fmt.Sprintf("chain %d changes to version %d", next.ID, next.Version), "members", next.Members)
@@ -267,6 +271,30 @@ func (m *Manager) reconcile(ctx context.Context, chainIDs []uint64) error {
 		}
 	}
 	return m.commit(ctx, st)
+}
+
+// reconcileSingle returns the new record of chain c of one replica, or nil
+// if nothing changed: members follow their targets' liveness.
+func (m *Manager) reconcileSingle(c *chainRecord) *chainRecord {
+	var next *chainRecord
+	for i, mem := range c.Members {
+		want := mem.State
+		switch online := m.targetOnline(mem.TargetID); {
+		case !online:
+			want = stateOffline
+		case mem.State == stateOffline:
+			want = stateServing
+		}
+		if want == mem.State {
+			continue
+		}
+		if next == nil {
+			next = c.clone()
+			next.Version++
+		}
+		next.Members[i].State = want
+	}
+	return next
 }
 
 // targetOnline reports whether target id is present on an online server.

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"syscall"
 
 	"github.com/weft-fs/weft/internal/fserr"
@@ -27,8 +29,13 @@ type candidate struct {
 }
 
 // PickChains chooses n distinct chains of the given replica count for a
-// new file, in the order the file's chunks use them. Chains with a member
-// that is not serving, offline or full are skipped. While the usable
+// new file, in the order the file's chunks use them. With one replica,
+// chains with a member that is not serving, offline, removed or full are
+// skipped. With more, the chains of that width are made on first use
+// (see EnsureChains); chains without a serving member or with a full
+// live member are skipped, and healthy chains are preferred while there
+// are n of them; fewer targets in service than replicas is an error
+// wrapping syscall.EINVAL. While the usable
 // chains have about the same free space the choice is round robin from a
 // rotating start; once they drift apart by more than 10 % it is random,
 // weighted by free space. If fewer than n chains are usable it returns
@@ -41,6 +48,9 @@ func (m *Manager) PickChains(ctx context.Context, n int, replicas uint32) ([]uin
 		replicas = 1
 	}
 	n = max(n, 1)
+	if replicas > 1 {
+		return m.pickReplicated(ctx, n, replicas)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -48,8 +58,8 @@ func (m *Manager) PickChains(ctx context.Context, n int, replicas uint32) ([]uin
 	widths := make(map[int]bool)
 	for _, id := range m.chainIDs {
 		c := m.chains[id]
-		widths[len(c.Members)] = true
-		if len(c.Members) != int(replicas) {
+		widths[c.width()] = true
+		if c.width() != int(replicas) {
 			continue
 		}
 		if cand, ok := m.usable(c); ok {
@@ -62,18 +72,102 @@ func (m *Manager) PickChains(ctx context.Context, n int, replicas uint32) ([]uin
 		}
 		return nil, fserr.Wrap(syscall.ENOSPC, "place a new file: no data target is online with free space: start a data server (weft data ...) or free space")
 	}
+	return m.choose(cands, n), nil
+}
+
+// choose picks n of cands (n capped to their number): round robin while
+// balanced, else weighted by free space.
+func (m *Manager) choose(cands []candidate, n int) []uint64 {
 	n = min(n, len(cands))
 	if balanced(cands) {
-		return m.roundRobin(cands, n), nil
+		return m.roundRobin(cands, n)
 	}
-	return m.weighted(cands, n), nil
+	return m.weighted(cands, n)
+}
+
+// pickReplicated is PickChains for chains of replicas >= 2 targets. The
+// chains of that width are made first if they do not exist yet. A chain
+// is usable when it has a serving member and none of its live members is
+// full; healthy chains (every member serving) are preferred while there
+// are n of them.
+func (m *Manager) pickReplicated(ctx context.Context, n int, replicas uint32) ([]uint64, error) {
+	if replicas > MaxReplicas {
+		return nil, fserr.Wrap(syscall.EINVAL, "place a file with %d replicas: at most %d are supported", replicas, MaxReplicas)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !slices.Contains(m.widths, replicas) {
+		if err := m.ensureChains(ctx, []uint32{replicas}); err != nil {
+			return nil, fmt.Errorf("place a file with %d replicas: %w", replicas, err)
+		}
+	}
+	var healthy, other []candidate
+	exist := false
+	for _, id := range m.chainIDs {
+		c := m.chains[id]
+		if c.width() != int(replicas) {
+			continue
+		}
+		exist = true
+		cand, ok := m.usableReplicated(c)
+		switch {
+		case !ok:
+		case chainHealth(c) == "healthy":
+			healthy = append(healthy, cand)
+		default:
+			other = append(other, cand)
+		}
+	}
+	if !exist {
+		if len(m.inService()) == 0 {
+			return nil, fserr.Wrap(syscall.ENOSPC, "place a new file with %d replicas: no data target is registered: start data servers (weft data ...)", replicas)
+		}
+		return nil, fserr.Wrap(syscall.EINVAL, "place a file with %d replicas: only %d data targets are in service, fewer than %d: start more data servers or use fewer replicas",
+			replicas, len(m.inService()), replicas)
+	}
+	cands := healthy
+	if len(healthy) < n {
+		cands = append(healthy, other...)
+	}
+	if len(cands) == 0 {
+		return nil, fserr.Wrap(syscall.ENOSPC, "place a new file with %d replicas: no chain of %d replicas has a serving target with free space: start data servers (weft data ...) or free space",
+			replicas, replicas)
+	}
+	return m.choose(cands, n), nil
+}
+
+// usableReplicated reports whether new files may go to replicated chain
+// c, and its free space (the least of its live members').
+func (m *Manager) usableReplicated(c *chainRecord) (candidate, bool) {
+	cand := candidate{id: c.ID, known: true}
+	serving, first := 0, true
+	for _, mem := range c.Members {
+		if mem.State == stateOffline || !m.targetOnline(mem.TargetID) {
+			continue
+		}
+		if mem.State == stateServing {
+			serving++
+		}
+		r := m.targets[mem.TargetID].report
+		if r == nil {
+			cand.known = false
+			continue
+		}
+		if full(r.total, r.free) {
+			return cand, false
+		}
+		if first || r.free < cand.free {
+			cand.free, first = r.free, false
+		}
+	}
+	return cand, serving > 0
 }
 
 // usable reports whether new files may go to chain c, and its free space.
 func (m *Manager) usable(c *chainRecord) (candidate, bool) {
 	cand := candidate{id: c.ID, known: true}
 	for i, mem := range c.Members {
-		if mem.State != stateServing || !m.targetOnline(mem.TargetID) {
+		if mem.State != stateServing || !m.targetOnline(mem.TargetID) || m.targets[mem.TargetID].rec.Removed {
 			return cand, false
 		}
 		r := m.targets[mem.TargetID].report

@@ -142,6 +142,10 @@ func (s *Service) SetLayout(ctx context.Context, req *weftv1.SetLayoutRequest) (
 	if err != nil {
 		return nil, err
 	}
+	// Replicated chains of the asked width are made on first use.
+	if err := s.cluster.EnsureChains(ctx, want.Replicas); err != nil {
+		return nil, err
+	}
 	if file {
 		if want, err = s.placeLayout(ctx, want); err != nil {
 			return nil, err

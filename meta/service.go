@@ -70,6 +70,10 @@ type clusterManager interface {
 	PickChains(ctx context.Context, n int, replicas uint32) ([]uint64, error)
 	TruncateFile(ctx context.Context, ino uint64, layout *weftv1.Layout, size uint64) error
 	DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Layout) error
+	EnsureChains(ctx context.Context, replicas uint32) error
+	ReportSynced(context.Context, *weftv1.ReportSyncedRequest) (*weftv1.ReportSyncedResponse, error)
+	RemoveTarget(ctx context.Context, id uint64) (uint32, error)
+	Health() cluster.Health
 	Run(ctx context.Context)
 	Close() error
 }
@@ -129,6 +133,13 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := newService(eng, mgr, cfg)
 	err = s.initialize(ctx)
+	if err == nil {
+		// Chains of the default width are made now (or when enough
+		// targets have registered).
+		if err = mgr.EnsureChains(ctx, cfg.DefaultLayout.Replicas); err != nil {
+			err = fmt.Errorf("default layout: %w", err)
+		}
+	}
 	if err == nil {
 		if err = s.extendSessions(ctx); err != nil {
 			err = fmt.Errorf("renew sessions at start-up: %w", err)

@@ -15,8 +15,13 @@ import (
 const statfsBlockSize = 4096
 
 // StatFS reports the data servers' capacity and the number of inodes.
+// Sizes are divided by the default layout's replica count: what files of
+// that layout can hold.
 func (s *Service) StatFS(ctx context.Context, _ *weftv1.StatFSRequest) (*weftv1.StatFSResponse, error) {
 	total, free, _ := s.cluster.Capacity()
+	if r := uint64(s.cfg.DefaultLayout.GetReplicas()); r > 1 {
+		total, free = total/r, free/r
+	}
 	var files, dirs uint64
 	err := s.view(ctx, func(x *tx) error {
 		var err error
@@ -45,6 +50,12 @@ func (s *Service) Status(ctx context.Context, _ *weftv1.StatusRequest) (*weftv1.
 		DefaultLayout: s.cfg.DefaultLayout,
 	}
 	resp.TotalBytes, resp.FreeBytes, resp.UsedBytes = s.cluster.Capacity()
+	h := s.cluster.Health()
+	resp.ChainSummaries, resp.Warnings, resp.ChainList = h.Summaries, h.Warnings, h.Chains
+	resp.SyncBytesLeft, resp.SyncEtaMs = h.SyncBytesLeft, h.SyncETA.Milliseconds()
+	if h.SyncETA < 0 {
+		resp.SyncEtaMs = -1 // bytes are left but the rate is not known yet
+	}
 	err := s.view(ctx, func(x *tx) error {
 		var err error
 		if resp.Files, err = getUint64(x.t, keyCountFiles); err != nil {
@@ -77,6 +88,22 @@ func countPrefix(t kv.Txn, prefix []byte) (uint64, error) {
 // RegisterServer registers a data server with the cluster manager.
 func (s *Service) RegisterServer(ctx context.Context, req *weftv1.RegisterServerRequest) (*weftv1.RegisterServerResponse, error) {
 	return s.cluster.RegisterServer(ctx, req)
+}
+
+// ReportSynced passes a syncing chain member's report that it caught up
+// to the cluster manager, which makes it serving.
+func (s *Service) ReportSynced(ctx context.Context, req *weftv1.ReportSyncedRequest) (*weftv1.ReportSyncedResponse, error) {
+	return s.cluster.ReportSynced(ctx, req)
+}
+
+// RemoveTarget takes a target out of service: the cluster manager
+// replaces it in its chains.
+func (s *Service) RemoveTarget(ctx context.Context, req *weftv1.RemoveTargetRequest) (*weftv1.RemoveTargetResponse, error) {
+	n, err := s.cluster.RemoveTarget(ctx, req.TargetId)
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.RemoveTargetResponse{ChainsChanged: n}, nil
 }
 
 // Heartbeat passes a data server's heartbeat to the cluster manager.

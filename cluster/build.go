@@ -1,0 +1,340 @@
+package cluster
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/weft-fs/weft/internal/fserr"
+)
+
+// MaxReplicas is the widest chain the manager builds.
+const MaxReplicas = 8
+
+// EnsureChains makes sure the cluster keeps chains of the given width
+// (replica count): the width is remembered, and every target in service
+// that heads no chain of that width gets one, as soon as at least that
+// many targets are registered. Targets that join later get theirs when
+// they register. Replicas 0 and 1 need nothing (every target has a chain
+// of one). Called when a layout with replicas R is set and at start for
+// the default layout.
+func (m *Manager) EnsureChains(ctx context.Context, replicas uint32) error {
+	if replicas <= 1 {
+		return nil
+	}
+	if replicas > MaxReplicas {
+		return fserr.Wrap(syscall.EINVAL, "make chains of %d replicas: at most %d replicas are supported", replicas, MaxReplicas)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ensureChains(ctx, []uint32{replicas})
+}
+
+// ensureChains records widths and builds the chains missing for them, in
+// one transaction. Called with m.mu held.
+func (m *Manager) ensureChains(ctx context.Context, widths []uint32) error {
+	st := m.newStage()
+	all := slices.Clone(m.widths)
+	for _, r := range widths {
+		if !slices.Contains(all, r) {
+			all = append(all, r)
+			slices.Sort(all)
+			st.widths = all
+		}
+	}
+	for _, r := range all {
+		m.buildChains(st, r)
+	}
+	if err := m.commit(ctx, st); err != nil {
+		return fmt.Errorf("make chains of %v replicas: %w", widths, err)
+	}
+	for _, c := range st.chains {
+		m.log.Info(fmt.Sprintf("new chain %d of %d replicas: targets %v", c.ID, c.Replicas, memberIDs(c.Members)),
+			"chain", c.ID, "shared_server", c.SharedServer)
+		if c.SharedServer {
+			m.log.Warn(fmt.Sprintf("chain %d keeps two copies on one data server: add data servers to spread its replicas", c.ID))
+		}
+	}
+	return nil
+}
+
+// inService returns the ids of the registered targets not removed, in
+// order.
+func (m *Manager) inService() []uint64 {
+	var ids []uint64
+	for id, t := range m.targets {
+		if !t.rec.Removed {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// memberLoad counts, for each target, the chains of width r it is a
+// member of. Called with m.mu held.
+func (m *Manager) memberLoad(r int) map[uint64]int {
+	load := make(map[uint64]int)
+	for _, c := range m.chains {
+		if c.width() != r {
+			continue
+		}
+		for _, mem := range c.Members {
+			load[mem.TargetID]++
+		}
+	}
+	return load
+}
+
+// buildChains stages a chain of width r headed by every target in service
+// that is not the home of one yet, if at least r targets are in service.
+// Each chain's other members are chosen by chooseMember; membership is
+// spread so that every target is in about r chains.
+func (m *Manager) buildChains(st *stage, r uint32) {
+	targets := m.inService()
+	if len(targets) < int(r) {
+		return
+	}
+	homed := make(map[uint64]bool)
+	for _, c := range m.chains {
+		if c.width() == int(r) {
+			homed[c.Home] = true
+		}
+	}
+	load := m.memberLoad(int(r))
+	var todo []uint64
+	for _, id := range targets {
+		if !homed[id] {
+			todo = append(todo, id)
+			load[id]++ // it will head its own chain
+		}
+	}
+	now := m.now().UnixNano()
+	for _, home := range todo {
+		members := []uint64{home}
+		for len(members) < int(r) {
+			id, ok := m.chooseMember(members, load, ring(targets, home))
+			if !ok {
+				break
+			}
+			members = append(members, id)
+			load[id]++
+		}
+		if len(members) < int(r) {
+			continue // cannot happen: r targets are in service
+		}
+		st.nextChain++
+		c := &chainRecord{ID: st.nextChain, Version: 1, Replicas: r, Home: home}
+		for _, id := range members {
+			mem := memberRecord{TargetID: id, State: stateServing}
+			if !m.targetOnline(id) {
+				// A new chain holds no data: a member that is down
+				// has missed nothing yet, so any may come back first.
+				mem = memberRecord{TargetID: id, State: stateOffline, LeftServing: true, Since: now}
+			}
+			c.Members = append(c.Members, mem)
+		}
+		c.SharedServer = m.sharesServer(c.Members)
+		sortMembers(c.Members)
+		st.chains = append(st.chains, c)
+	}
+}
+
+// domain is where a target sits in the failure-domain tree.
+type domain struct {
+	site, rack string
+	server     uint64
+}
+
+func (m *Manager) domainOf(id uint64) domain {
+	t := m.targets[id]
+	d := domain{server: t.rec.ServerID}
+	if s := m.servers[d.server]; s != nil {
+		d.site, d.rack = s.rec.Site, s.rec.Rack
+	}
+	return d
+}
+
+// closeness counts how many of members share a server, a rack and a site
+// with target id: lower is better on each level, the server first.
+func (m *Manager) closeness(id uint64, members []uint64) [3]int {
+	d := m.domainOf(id)
+	var c [3]int
+	for _, mid := range members {
+		o := m.domainOf(mid)
+		if o.server == d.server {
+			c[0]++
+		}
+		if o.site == d.site && o.rack == d.rack {
+			c[1]++
+		}
+		if o.site == d.site {
+			c[2]++
+		}
+	}
+	return c
+}
+
+// chooseMember picks a target to join a chain whose members are members:
+// in service, not a member yet, as far from the members as possible in
+// the failure-domain tree (another server first, then another rack, then
+// another site). Among equals, for a new chain (after set: how far a
+// target comes after the chain's home, see ring) the target in the
+// fewest chains, then the nearest after the home, then an online one,
+// then the most free space; for a replacement (after nil) it must be
+// online and not full, and more free space (in tenths of the most free)
+// comes before fewer chains.
+// Called with m.mu held.
+func (m *Manager) chooseMember(members []uint64, load map[uint64]int, after func(uint64) int) (uint64, bool) {
+	repair := after == nil
+	type cand struct {
+		id     uint64
+		close  [3]int
+		load   int
+		online bool
+		free   uint64
+		bucket uint64
+		ahead  int
+	}
+	var cands []cand
+	var maxFree uint64
+	for _, id := range m.inService() {
+		if slices.Contains(members, id) {
+			continue
+		}
+		c := cand{id: id, close: m.closeness(id, members), load: load[id], online: m.targetOnline(id)}
+		if !repair {
+			c.ahead = after(id)
+		}
+		if r := m.targets[id].report; r != nil {
+			if repair && full(r.total, r.free) {
+				continue
+			}
+			c.free = r.free
+		}
+		if repair && !c.online {
+			continue
+		}
+		maxFree = max(maxFree, c.free)
+		cands = append(cands, c)
+	}
+	if len(cands) == 0 {
+		return 0, false
+	}
+	for i := range cands {
+		if maxFree > 0 {
+			cands[i].bucket = cands[i].free * 10 / maxFree
+		}
+	}
+	best := slices.MinFunc(cands, func(a, b cand) int {
+		if c := slices.Compare(a.close[:], b.close[:]); c != 0 {
+			return c
+		}
+		if repair {
+			if c := cmp.Compare(b.bucket, a.bucket); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(a.load, b.load); c != 0 {
+				return c
+			}
+		} else {
+			if c := cmp.Compare(a.load, b.load); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(a.ahead, b.ahead); c != 0 {
+				return c
+			}
+			if a.online != b.online {
+				if a.online {
+					return -1
+				}
+				return 1
+			}
+		}
+		if c := cmp.Compare(b.free, a.free); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	return best.id, true
+}
+
+// ring returns, for a target id, how far after home it comes in the
+// circular order of targets (ids in order): new chains take the nearest
+// equally loaded targets after their home, so that the last chains built
+// still find targets with room, as on a hash ring.
+func ring(targets []uint64, home uint64) func(uint64) int {
+	pos := make(map[uint64]int, len(targets))
+	for i, id := range targets {
+		pos[id] = i
+	}
+	h := pos[home]
+	return func(id uint64) int {
+		p, ok := pos[id]
+		if !ok {
+			return len(targets)
+		}
+		return (p - h + len(targets)) % len(targets)
+	}
+}
+
+// sharesServer reports whether two of members are on one data server.
+func (m *Manager) sharesServer(members []memberRecord) bool {
+	seen := make(map[uint64]bool)
+	for _, mem := range members {
+		sid := m.targets[mem.TargetID].rec.ServerID
+		if seen[sid] {
+			return true
+		}
+		seen[sid] = true
+	}
+	return false
+}
+
+// stateRank orders members: serving, then syncing, then offline.
+func stateRank(s string) int {
+	switch s {
+	case stateServing:
+		return 0
+	case stateSyncing:
+		return 1
+	}
+	return 2
+}
+
+// sortMembers puts serving members first, then syncing, then offline,
+// keeping the chain order within each group.
+func sortMembers(ms []memberRecord) {
+	slices.SortStableFunc(ms, func(a, b memberRecord) int { return cmp.Compare(stateRank(a.State), stateRank(b.State)) })
+}
+
+// memberIDs returns the target ids of ms in order.
+func memberIDs(ms []memberRecord) []uint64 {
+	ids := make([]uint64, len(ms))
+	for i, mem := range ms {
+		ids[i] = mem.TargetID
+	}
+	return ids
+}
+
+// countState counts the members of c in state s.
+func countState(c *chainRecord, s string) int {
+	n := 0
+	for _, mem := range c.Members {
+		if mem.State == s {
+			n++
+		}
+	}
+	return n
+}
+
+// sinceTime converts a member's Since to a time (zero if unset).
+func sinceTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
