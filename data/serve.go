@@ -35,8 +35,13 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	addr := s.advertiseAddr(lis)
 
 	loopCtx, stopLoop := context.WithCancel(ctx)
+	s.bgMu.Lock()
+	s.bgCtx = loopCtx
+	s.bgMu.Unlock()
 	var loop sync.WaitGroup
 	loop.Go(func() { s.metaLoop(loopCtx, addr) })
+	loop.Go(func() { s.syncLoop(loopCtx) })
+	loop.Go(func() { s.scrubLoop(loopCtx) })
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
 	s.log.Info("data server started", "listen", lis.Addr().String(), "advertise", addr,
@@ -109,6 +114,7 @@ func (s *Server) metaLoop(ctx context.Context, addr string) {
 	var failing string // last failure logged; "" while the meta service answers
 	for {
 		var err error
+		began := time.Now()
 		if !registered {
 			if interval, err = s.register(ctx, meta, addr); err == nil {
 				registered = true
@@ -125,7 +131,9 @@ func (s *Server) metaLoop(ctx context.Context, addr string) {
 		if ctx.Err() != nil {
 			return
 		}
-		delay := interval
+		// Heartbeats are spaced from send to send, so a slow answer does
+		// not push the next one towards the fencing deadline.
+		delay := max(interval-time.Since(began), 0)
 		refresh := s.refresh
 		if err != nil {
 			if msg := metaFailure(s.cfg.MetaAddr, registered, err); msg != failing {
@@ -176,6 +184,7 @@ func metaFailure(metaAddr string, registered bool, err error) string {
 // ids and chain table of the answer and returns the heartbeat interval.
 func (s *Server) register(ctx context.Context, meta weftv1.MetaClient, addr string) (time.Duration, error) {
 	host, _ := os.Hostname()
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, metaCallTimeout)
 	defer cancel()
 	resp, err := meta.RegisterServer(ctx, &weftv1.RegisterServerRequest{
@@ -200,8 +209,16 @@ func (s *Server) register(ctx context.Context, meta weftv1.MetaClient, addr stri
 	if interval <= 0 {
 		interval = defaultHeartbeatInterval
 	}
+	ft := failureTimeoutFor(resp.GetFailureTimeoutMs(), interval)
+	s.mu.Lock()
+	s.failureTimeout = ft
+	s.mu.Unlock()
+	s.noteContact(sent)
+	// At least two heartbeats fit in the time before the server fences
+	// itself, so one lost answer does not cut it off.
+	interval = min(interval, ft/4)
 	s.log.Info("registered with meta service", "meta", s.cfg.MetaAddr, "server_id", resp.GetServerId(),
-		"target_ids", resp.GetTargetIds(), "address", addr, "heartbeat", interval)
+		"target_ids", resp.GetTargetIds(), "address", addr, "heartbeat", interval, "fence_after", s.failureTimeout/2)
 	s.mu.Lock()
 	s.serverID = resp.GetServerId()
 	s.mu.Unlock()
@@ -214,6 +231,7 @@ func (s *Server) heartbeat(ctx context.Context, meta weftv1.MetaClient, addr str
 	s.mu.RLock()
 	id := s.serverID
 	s.mu.RUnlock()
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, metaCallTimeout)
 	defer cancel()
 	resp, err := meta.Heartbeat(ctx, &weftv1.HeartbeatRequest{ServerId: id, Address: addr, Targets: s.targetReports()})
@@ -226,12 +244,17 @@ func (s *Server) heartbeat(ctx context.Context, meta weftv1.MetaClient, addr str
 	if resp.GetChains() != nil {
 		s.SetChains(resp.GetChains())
 	}
+	s.noteContact(sent)
 	return false, nil
 }
 
-// targetReports describes every target: identity, path, capacity, usage.
+// targetReports describes every target: identity, path, capacity, usage,
+// scrub counters and resyncs in progress.
 func (s *Server) targetReports() []*weftv1.TargetReport {
 	var reports []*weftv1.TargetReport
+	s.mu.RLock()
+	ids := append([]uint64(nil), s.targetIDs...)
+	s.mu.RUnlock()
 	for i, t := range s.store.Targets() {
 		r := &weftv1.TargetReport{Uuid: s.targetUUIDs[i], Path: t.Dir()}
 		u, err := t.Usage()
@@ -240,6 +263,10 @@ func (s *Server) targetReports() []*weftv1.TargetReport {
 		}
 		r.TotalBytes, r.FreeBytes, r.UsedBytes, r.Chunks = u.TotalBytes, u.FreeBytes, u.UsedBytes, u.Chunks
 		r.Filesystem = u.Filesystem
+		r.ScrubbedBytes, r.ScrubErrors, r.ScrubRepaired = s.stats[i].scrubbed.Load(), s.stats[i].errors.Load(), s.stats[i].repaired.Load()
+		if i < len(ids) {
+			r.Syncs = s.syncReports(ids[i])
+		}
 		reports = append(reports, r)
 	}
 	return reports

@@ -1,7 +1,10 @@
 // Package data is weft's storage server: the Data gRPC service over the
-// chunk store of package data/chunk, and the loop that registers the server
-// with the meta service and heartbeats, receiving the chain table that maps
-// each chain to the local target holding it.
+// chunk store of package data/chunk, replication of chunk mutations along
+// chains (head to tail, with per-chunk versions), resync of members that
+// missed mutations, repair of bad copies from peers and background scrub,
+// and the loop that registers the server with the meta service and
+// heartbeats, receiving the chain table that maps each chain to the local
+// targets holding it and their roles. See README.md.
 package data
 
 import (
@@ -12,15 +15,21 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultSyncBandwidth = 200 << 20 // bytes/s copied to syncing members
+	DefaultScrubRate     = 20 << 20  // bytes/s re-read by the background scrub
 )
 
 // Config configures a data server.
@@ -31,6 +40,13 @@ type Config struct {
 	Advertise string   // address reported to meta for clients/peers; default: listener address
 	Site      string   // failure domain: site
 	Rack      string   // failure domain: rack
+	// SyncBandwidth bounds the bytes per second this server copies into
+	// its syncing chain members; default DefaultSyncBandwidth.
+	SyncBandwidth int64
+	// ScrubRate is the bytes per second the background scrub re-reads and
+	// verifies; 0 means DefaultScrubRate, a negative value turns the
+	// background scrub off (Server.Scrub still runs a pass on demand).
+	ScrubRate int64
 	Logger    *slog.Logger
 }
 
@@ -44,25 +60,55 @@ type Server struct {
 	serverUUID  string
 	targetUUIDs []string
 	metaConn    *grpc.ClientConn
+	peers       peerPool
+	stats       []targetStats // by position in store.Targets()
 
 	mu         sync.RWMutex
 	serverID   uint64   // meta's id of this server, from registration
 	targetIDs  []uint64 // meta's ids of store.Targets(), by position
 	table      *weftv1.ChainTable
-	chains     map[uint64]localChain // chain id -> the local member
+	chains     map[uint64]*chainView // chains with a member on this server
 	haveChains bool
+	// lastContact is when the last heartbeat (or registration) that the
+	// meta service answered was sent; zero until the first one. Requests
+	// are refused while it is older than half the failure timeout.
+	lastContact    time.Time
+	failureTimeout time.Duration
 
 	// refresh asks the heartbeat loop for an early heartbeat (a request
 	// named a chain or version this server has not heard of yet).
 	refresh chan struct{}
 
+	syncMu   sync.Mutex
+	syncs    map[syncKey]*syncSession
+	syncWake chan struct{}
+	syncRate *tokenBucket
+	// resyncedChunks counts the chunks bulk passes copied.
+	resyncedChunks atomic.Uint64
+
+	repairMu  sync.Mutex
+	repairing map[repairKey]bool
+	scrubRate *tokenBucket
+	scrubNow  chan struct{}
+
+	bgMu  sync.Mutex
+	bgCtx context.Context // Serve's; nil before Serve
+	bg    sync.WaitGroup  // background work started by handlers
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
-type localChain struct {
-	version uint64
-	target  *chunk.Target
+// chainView is one chain of the table that has a member on this server,
+// at one version. ctx is cancelled when the chain's version changes, which
+// cuts forwards still waiting on members the new version dropped.
+type chainView struct {
+	id, version uint64
+	members     []*weftv1.ChainMember
+	local       map[uint64]*chunk.Target // member target id -> local target
+	localPos    map[uint64]int           // member target id -> index in members
+	ctx         context.Context
+	cancel      context.CancelFunc
 }
 
 // Open prepares a data server: its identity (<Dir>/server.id and
@@ -81,6 +127,12 @@ func Open(cfg Config) (*Server, error) {
 	if len(cfg.Targets) == 0 {
 		cfg.Targets = []string{cfg.Dir}
 	}
+	if cfg.SyncBandwidth <= 0 {
+		cfg.SyncBandwidth = DefaultSyncBandwidth
+	}
+	if cfg.ScrubRate == 0 {
+		cfg.ScrubRate = DefaultScrubRate
+	}
 	targets := make([]string, len(cfg.Targets))
 	for i, t := range cfg.Targets {
 		abs, err := filepath.Abs(t)
@@ -93,7 +145,16 @@ func Open(cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("open data server: create state directory: %w", err)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, refresh: make(chan struct{}, 1)}
+	s := &Server{
+		cfg: cfg, log: cfg.Logger, refresh: make(chan struct{}, 1),
+		syncs: make(map[syncKey]*syncSession), syncWake: make(chan struct{}, 1),
+		syncRate:  newTokenBucket(cfg.SyncBandwidth),
+		repairing: make(map[repairKey]bool), scrubNow: make(chan struct{}, 1),
+		failureTimeout: failureTimeoutFor(0, defaultHeartbeatInterval),
+	}
+	if cfg.ScrubRate > 0 {
+		s.scrubRate = newTokenBucket(cfg.ScrubRate)
+	}
 	var err error
 	if s.serverUUID, err = loadOrCreateID(filepath.Join(cfg.Dir, "server.id")); err != nil {
 		return nil, fmt.Errorf("open data server: %w", err)
@@ -109,6 +170,7 @@ func Open(cfg Config) (*Server, error) {
 		}
 		s.targetUUIDs = append(s.targetUUIDs, id)
 	}
+	s.stats = make([]targetStats, len(s.store.Targets()))
 	if s.metaConn, err = rpc.Dial(cfg.MetaAddr); err != nil {
 		s.store.Close()
 		return nil, fmt.Errorf("open data server: meta service address %q: %w", cfg.MetaAddr, err)
@@ -116,10 +178,12 @@ func Open(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Close closes the chunk store and the connection to the meta service.
-// Serve calls it on return; calling it again is harmless.
+// Close closes the chunk store and the connections to the meta service and
+// to peers. Serve calls it on return; calling it again is harmless.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		s.bg.Wait()
+		s.peers.close()
 		s.closeErr = errors.Join(s.store.Close(), s.metaConn.Close())
 	})
 	return s.closeErr
@@ -137,8 +201,10 @@ func (s *Server) SetTargetIDs(ids []uint64) {
 
 // SetChains installs the chain table from the meta service: requests are
 // then accepted for chains with a member on one of this server's targets,
-// at the chain's current version. The heartbeat loop calls it with every
-// table it receives.
+// at the chain's current version, in the role the member's state and
+// position give it (head, middle, tail; serving or syncing). Syncing
+// members start copying what they missed. The heartbeat loop calls it with
+// every table it receives.
 func (s *Server) SetChains(table *weftv1.ChainTable) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -154,41 +220,49 @@ func (s *Server) rebuildChainsLocked() {
 			local[s.targetIDs[i]] = t
 		}
 	}
-	s.chains = make(map[uint64]localChain)
+	old := s.chains
+	s.chains = make(map[uint64]*chainView)
 	for _, c := range s.table.GetChains() {
-		for _, m := range c.GetMembers() {
+		v := &chainView{id: c.GetId(), version: c.GetVersion(), members: c.GetMembers(),
+			local: make(map[uint64]*chunk.Target), localPos: make(map[uint64]int)}
+		for i, m := range c.GetMembers() {
 			if t, ok := local[m.GetTargetId()]; ok {
-				s.chains[c.GetId()] = localChain{version: c.GetVersion(), target: t}
-				break
+				v.local[m.GetTargetId()] = t
+				v.localPos[m.GetTargetId()] = i
 			}
 		}
+		if len(v.local) == 0 {
+			continue
+		}
+		if o := old[v.id]; o != nil && o.version == v.version && sameTargets(o.local, v.local) {
+			s.chains[v.id] = o
+			continue
+		}
+		v.ctx, v.cancel = context.WithCancel(context.Background())
+		s.chains[v.id] = v
+	}
+	for id, o := range old {
+		if s.chains[id] != o {
+			o.cancel()
+		}
+	}
+	s.dropStaleSyncs()
+	select {
+	case s.syncWake <- struct{}{}:
+	default:
 	}
 }
 
-// target fences a request: it returns the local target of chainID if
-// version is the chain's current version.
-func (s *Server) target(chainID, version uint64) (*chunk.Target, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if !s.haveChains {
-		return nil, status.Errorf(codes.Unavailable,
-			"data server has no chain table from the meta service at %s yet: retry shortly", s.cfg.MetaAddr)
+func sameTargets(a, b map[uint64]*chunk.Target) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	c, ok := s.chains[chainID]
-	if !ok {
-		s.askRefresh()
-		return nil, status.Errorf(codes.FailedPrecondition,
-			"stale chain version: chain %d has no member on this data server: refresh the chain table and retry", chainID)
-	}
-	if c.version != version {
-		if version > c.version {
-			s.askRefresh()
+	for id, t := range a {
+		if b[id] != t {
+			return false
 		}
-		return nil, status.Errorf(codes.FailedPrecondition,
-			"stale chain version: chain %d is at version %d here, request has %d: refresh the chain table and retry",
-			chainID, c.version, version)
 	}
-	return c.target, nil
+	return true
 }
 
 func (s *Server) askRefresh() {
@@ -203,75 +277,4 @@ func chunkID(c *weftv1.ChunkID) (chunk.ID, error) {
 		return chunk.ID{}, fmt.Errorf("request names no chunk: %w", syscall.EINVAL)
 	}
 	return chunk.ID{Ino: c.GetIno(), Index: c.GetIndex()}, nil
-}
-
-// WriteChunk writes data into a chunk on the chain's local target.
-func (s *Server) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
-	t, err := s.target(req.GetChainId(), req.GetChainVersion())
-	if err != nil {
-		return nil, err
-	}
-	id, err := chunkID(req.GetChunk())
-	if err != nil {
-		return nil, err
-	}
-	if err := t.Write(id, int64(req.GetOffset()), req.GetData(), int64(req.GetChunkSize()), req.GetSync()); err != nil {
-		return nil, err
-	}
-	return &weftv1.WriteChunkResponse{}, nil
-}
-
-// ReadChunk reads from a chunk on the chain's local target; the answer is
-// short where the chunk ends (the rest reads as zeros).
-func (s *Server) ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error) {
-	t, err := s.target(req.GetChainId(), req.GetChainVersion())
-	if err != nil {
-		return nil, err
-	}
-	id, err := chunkID(req.GetChunk())
-	if err != nil {
-		return nil, err
-	}
-	data, err := t.Read(id, int64(req.GetOffset()), int(req.GetLength()))
-	if err != nil {
-		return nil, err
-	}
-	return &weftv1.ReadChunkResponse{Data: data}, nil
-}
-
-// TruncateFile cuts the file's chunks on the chain's local target to the
-// new length.
-func (s *Server) TruncateFile(ctx context.Context, req *weftv1.TruncateFileRequest) (*weftv1.TruncateFileResponse, error) {
-	t, err := s.target(req.GetChainId(), req.GetChainVersion())
-	if err != nil {
-		return nil, err
-	}
-	if err := t.TruncateFile(req.GetIno(), int64(req.GetSize()), int64(req.GetChunkSize())); err != nil {
-		return nil, err
-	}
-	return &weftv1.TruncateFileResponse{}, nil
-}
-
-// DeleteFile removes the file's chunks from every local target.
-func (s *Server) DeleteFile(ctx context.Context, req *weftv1.DeleteFileRequest) (*weftv1.DeleteFileResponse, error) {
-	var errs []error
-	for _, t := range s.store.Targets() {
-		errs = append(errs, t.DeleteFile(req.GetIno()))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return &weftv1.DeleteFileResponse{}, nil
-}
-
-// SyncFile makes the file's chunks on the chain's local target durable.
-func (s *Server) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error) {
-	t, err := s.target(req.GetChainId(), req.GetChainVersion())
-	if err != nil {
-		return nil, err
-	}
-	if err := t.SyncFile(req.GetIno()); err != nil {
-		return nil, err
-	}
-	return &weftv1.SyncFileResponse{}, nil
 }

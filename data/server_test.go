@@ -52,6 +52,7 @@ func deadAddr(t *testing.T) string {
 
 type testServer struct {
 	srv    *Server
+	addr   string
 	client weftv1.DataClient
 	logs   *syncBuffer
 	done   chan error
@@ -77,7 +78,7 @@ func startServer(t *testing.T, cfg Config) *testServer {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ts := &testServer{srv: srv, logs: logs, done: make(chan error, 1), cancel: cancel}
+	ts := &testServer{srv: srv, addr: lis.Addr().String(), logs: logs, done: make(chan error, 1), cancel: cancel}
 	go func() { ts.done <- srv.Serve(ctx, lis) }()
 	cc, err := rpc.Dial(lis.Addr().String())
 	if err != nil {

@@ -13,7 +13,12 @@ type chunkFile struct {
 	key  cacheKey
 	data *os.File
 	crc  *os.File
-	size int64
+	size int64  // committed length (as the header says)
+	hdr  header // as last read or written
+	// bad is corruption found when the chunk was opened (damaged header,
+	// data file shorter than the header says): reads fail with it until
+	// the chunk is replaced.
+	bad *CorruptionError
 
 	// Guarded by fileCache.mu.
 	refs    int

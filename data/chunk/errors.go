@@ -20,9 +20,21 @@ type CorruptionError struct {
 	Stored   uint32 // checksum kept in the .crc file
 	Computed uint32 // checksum of the bytes on disk
 	Missing  bool   // the .crc file holds no checksum for the block
+	// Header: the checksum file's header (version, length) is damaged.
+	Header bool
+	// Truncated: the data file holds Length bytes where Want are expected.
+	Truncated    bool
+	Length, Want int64
 }
 
 func (e *CorruptionError) Error() string {
+	if e.Header {
+		return fmt.Sprintf("%v on target %s: header of the checksum file is damaged: chunk unverifiable", e.Chunk, e.Target)
+	}
+	if e.Truncated {
+		return fmt.Sprintf("%v on target %s: data file truncated at block %d (%d bytes, %d expected): data lost on disk",
+			e.Chunk, e.Target, e.Block, e.Length, e.Want)
+	}
 	if e.Missing {
 		return fmt.Sprintf("%v on target %s: block %d has no checksum (.crc file too short): data unverifiable",
 			e.Chunk, e.Target, e.Block)

@@ -12,61 +12,111 @@ import (
 	"syscall"
 )
 
-// TruncateFile cuts the chunks of file ino held on this target to a file
-// length of size, the file being cut into chunkSize-byte chunks: chunks that
-// start at or past size are deleted, the one straddling size is shortened
-// (its last block's checksum recomputed). Growing a file needs nothing here:
-// missing bytes read as zeros. The result is on stable storage on return.
-func (t *Target) TruncateFile(ino uint64, size, chunkSize int64) error {
+// LockedFile is the set of chunks of one file in one chain, held
+// exclusively: no chunk of it is mutated by anyone else until Unlock. A
+// replicating caller truncates or deletes, forwards the operation to the
+// next replica, then unlocks.
+type LockedFile struct {
+	t      *Target
+	ino    uint64
+	chain  uint64
+	unlock func()
+}
+
+// LockFile takes the chunks of file ino in chain exclusively.
+func (t *Target) LockFile(ino, chain uint64) *LockedFile {
+	return &LockedFile{t: t, ino: ino, chain: chain, unlock: t.fileLocks.lock(fileKey{ino, chain}, true)}
+}
+
+// Unlock releases the file.
+func (lf *LockedFile) Unlock() { lf.unlock() }
+
+// TruncateFile cuts the chunks of file ino held on this target for chain
+// to a file length of size (see LockedFile.Truncate).
+func (t *Target) TruncateFile(ino, chain uint64, size, chunkSize int64) error {
+	lf := t.LockFile(ino, chain)
+	defer lf.Unlock()
+	return lf.Truncate(size, chunkSize)
+}
+
+// Truncate cuts the file's chunks of the locked chain (and chunks of no
+// known chain, written before versions existed) to a file length of size,
+// the file being cut into chunkSize-byte chunks: chunks that start at or
+// past size are deleted, the one straddling size is shortened (its last
+// block's checksum recomputed, its version incremented). Growing a file
+// needs nothing here: missing bytes read as zeros. The result is on stable
+// storage on return.
+func (lf *LockedFile) Truncate(size, chunkSize int64) error {
+	t, ino := lf.t, lf.ino
 	if size < 0 || chunkSize <= 0 || chunkSize > MaxChunkSize {
 		return fmt.Errorf("truncate inode %d to %d bytes on target %s: chunk size %d outside 1 B..64 MiB: %w",
 			ino, size, t.dir, chunkSize, syscall.EINVAL)
 	}
-	il := t.inoLock(ino)
-	il.Lock()
-	defer il.Unlock()
-	dir := t.inoDir(ino)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
+	ids, err := t.fileChunks(ino)
 	if err != nil {
-		return t.ioError(fmt.Sprintf("list chunks of inode %d", ino), err)
+		return err
 	}
-	t.dropCached(ino)
 	removed := false
-	for _, e := range entries {
-		id, ok := chunkOf(ino, e.Name())
-		if !ok {
-			continue
-		}
-		info, err := e.Info()
+	for _, id := range ids {
+		r, err := lf.truncateChunk(id, size, chunkSize)
 		if err != nil {
-			return t.ioError(fmt.Sprintf("stat %v", id), err)
+			return err
 		}
-		start := id.Index * uint64(chunkSize)
-		switch {
-		case start >= uint64(size):
-			if err := t.removeChunk(id, info.Size()); err != nil {
-				return err
-			}
-			removed = true
-		case start+uint64(info.Size()) > uint64(size):
-			if err := t.shorten(id, size-int64(start)); err != nil {
-				return err
-			}
-		}
+		removed = removed || r
 	}
 	if removed {
-		if err := syncDir(dir); err != nil {
-			return t.ioError(fmt.Sprintf("sync directory of inode %d", ino), err)
-		}
+		return t.syncInoDir(ino)
 	}
 	return nil
 }
 
+// truncateChunk applies a truncation to one chunk if it belongs to the
+// locked chain; removed reports that the chunk was deleted.
+func (lf *LockedFile) truncateChunk(id ID, size, chunkSize int64) (removed bool, err error) {
+	t := lf.t
+	defer t.chunkLocks.lock(id, true)()
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return false, err
+	}
+	defer t.store.files.release(f)
+	if f.bad != nil && f.bad.Header {
+		return false, nil // chain unknown; a repair brings the truncated copy
+	}
+	if f.hdr.chain != lf.chain && f.hdr.chain != 0 {
+		return false, nil
+	}
+	start := int64(id.Index) * chunkSize
+	switch {
+	case start >= size:
+		t.store.files.drop(func(k cacheKey) bool { return k == f.key })
+		return true, t.removeChunk(id, f.size)
+	case start+f.size > size:
+		return false, t.shorten(f, id, size-start, lf.chain)
+	}
+	return false, nil
+}
+
+// fileChunks lists the chunks of ino present on the target.
+func (t *Target) fileChunks(ino uint64) ([]ID, error) {
+	entries, err := os.ReadDir(t.inoDir(ino))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, t.ioError(fmt.Sprintf("list chunks of inode %d", ino), err)
+	}
+	var ids []ID
+	for _, e := range entries {
+		if id, ok := chunkOf(ino, e.Name()); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
 // chunkOf parses a file name of an inode directory; ok is false for
-// checksum files and anything else that is not a chunk.
+// checksum and temporary files and anything else that is not a chunk.
 func chunkOf(ino uint64, name string) (ID, bool) {
 	if strings.HasSuffix(name, ".crc") {
 		return ID{}, false
@@ -75,13 +125,12 @@ func chunkOf(ino uint64, name string) (ID, bool) {
 	return ID{Ino: ino, Index: idx}, err == nil
 }
 
-func (t *Target) dropCached(ino uint64) {
-	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id.Ino == ino })
-}
-
 func (t *Target) removeChunk(id ID, size int64) error {
 	path := t.chunkPath(id)
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		return t.ioError(fmt.Sprintf("remove %v", id), err)
 	}
 	if err := os.Remove(path + ".crc"); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -93,30 +142,20 @@ func (t *Target) removeChunk(id ID, size int64) error {
 	return nil
 }
 
-// shorten cuts chunk id to newLen bytes. The bytes kept of the new last
-// block are verified before its checksum is recomputed, so corruption is
-// never blessed with a fresh checksum.
-func (t *Target) shorten(id ID, newLen int64) error {
-	path := t.chunkPath(id)
-	data, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return t.ioError(fmt.Sprintf("open %v", id), err)
+// shorten cuts chunk id (open as f, held exclusively) to newLen bytes as
+// its next version. The bytes kept of the new last block are verified
+// before its checksum is recomputed, so corruption is never blessed with a
+// fresh checksum.
+func (t *Target) shorten(f *chunkFile, id ID, newLen int64, chain uint64) error {
+	if err := t.check(f); err != nil {
+		return fmt.Errorf("truncate: %w", err)
 	}
-	crc, err := os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		data.Close()
-		return t.ioError(fmt.Sprintf("open checksums of %v", id), err)
+	if f.hdr.legacy {
+		if err := t.migrate(f, id); err != nil {
+			return err
+		}
 	}
-	f := &chunkFile{data: data, crc: crc}
-	defer f.close()
-	info, err := data.Stat()
-	if err != nil {
-		return t.ioError(fmt.Sprintf("stat %v", id), err)
-	}
-	oldSize := info.Size()
-	if newLen >= oldSize {
-		return nil
-	}
+	oldSize := f.size
 	last := newLen / BlockSize
 	var sum [crcBytes]byte
 	partial := newLen%BlockSize != 0
@@ -129,17 +168,21 @@ func (t *Target) shorten(id ID, newLen int64) error {
 		}
 		binary.LittleEndian.PutUint32(sum[:], crc32.Checksum(buf[:newLen-bs], castagnoli))
 	}
-	if err := data.Truncate(newLen); err != nil {
+	if err := f.data.Truncate(newLen); err != nil {
 		return t.ioError(fmt.Sprintf("truncate %v", id), err)
 	}
 	if partial {
-		if _, err := crc.WriteAt(sum[:], last*crcBytes); err != nil {
+		if _, err := f.crc.WriteAt(sum[:], headerSize+last*crcBytes); err != nil {
 			return t.ioError(fmt.Sprintf("write checksums of %v", id), err)
 		}
 	}
-	if err := crc.Truncate(crcBytes * ((newLen + BlockSize - 1) / BlockSize)); err != nil {
+	if err := f.crc.Truncate(headerSize + crcBytes*((newLen+BlockSize-1)/BlockSize)); err != nil {
 		return t.ioError(fmt.Sprintf("truncate checksums of %v", id), err)
 	}
+	if err := t.writeHeader(f, id, header{version: f.hdr.version + 1, chain: chain, length: newLen}); err != nil {
+		return err
+	}
+	f.size = newLen
 	t.usedBytes.Add(newLen - oldSize)
 	if err := t.syncChunk(f, id); err != nil {
 		return err
@@ -148,50 +191,63 @@ func (t *Target) shorten(id ID, newLen int64) error {
 	return nil
 }
 
-// DeleteFile removes every chunk of file ino held on this target. A file
-// without chunks here is not an error.
+// Delete removes the file's chunks of the locked chain (and chunks of no
+// known chain, written before versions existed), and the file's directory
+// once empty.
+func (lf *LockedFile) Delete() error {
+	return lf.t.deleteChunks(lf.ino, func(f *chunkFile) bool {
+		return (f.bad == nil || !f.bad.Header) && (f.hdr.chain == lf.chain || f.hdr.chain == 0)
+	})
+}
+
+// DeleteFile removes every chunk of file ino held on this target, in every
+// chain. A file without chunks here is not an error.
 func (t *Target) DeleteFile(ino uint64) error {
-	il := t.inoLock(ino)
-	il.Lock()
-	defer il.Unlock()
-	t.dropCached(ino)
-	dir := t.inoDir(ino)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
+	return t.deleteChunks(ino, func(*chunkFile) bool { return true })
+}
+
+func (t *Target) deleteChunks(ino uint64, match func(*chunkFile) bool) error {
+	ids, err := t.fileChunks(ino)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := t.deleteChunk(id, match); err != nil {
+			return err
+		}
+	}
+	// Fails while chunks of other chains remain; a concurrent creation
+	// retries its Mkdir (see openChunk).
+	os.Remove(t.inoDir(ino))
+	return nil
+}
+
+func (t *Target) deleteChunk(id ID, match func(*chunkFile) bool) error {
+	defer t.chunkLocks.lock(id, true)()
+	f, err := t.openChunk(id, false)
+	if err != nil {
+		var ce *CorruptionError
+		if !errors.As(err, &ce) {
+			return err
+		}
+	}
+	if f == nil {
 		return nil
 	}
-	if err != nil {
-		return t.ioError(fmt.Sprintf("list chunks of inode %d", ino), err)
+	size := f.size
+	ok := match(f)
+	t.store.files.release(f)
+	if !ok {
+		return nil
 	}
-	var bytes, chunks int64
-	for _, e := range entries {
-		if _, ok := chunkOf(ino, e.Name()); !ok {
-			continue
-		}
-		if info, err := e.Info(); err == nil {
-			bytes += info.Size()
-			chunks++
-		}
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return t.ioError(fmt.Sprintf("delete chunks of inode %d", ino), err)
-	}
-	t.usedBytes.Add(-bytes)
-	t.numChunks.Add(-chunks)
-	t.syncMu.Lock()
-	delete(t.dirty, ino)
-	delete(t.newEntries, ino)
-	t.syncMu.Unlock()
-	return nil
+	t.store.files.drop(func(k cacheKey) bool { return k == f.key })
+	return t.removeChunk(id, size)
 }
 
 // SyncFile makes every chunk of ino written on this target since its last
 // sync durable: fdatasync of the chunk files, then fsync of the directories
 // that got new entries.
 func (t *Target) SyncFile(ino uint64) error {
-	il := t.inoLock(ino)
-	il.RLock()
-	defer il.RUnlock()
 	t.syncMu.Lock()
 	dirty := t.dirty[ino]
 	delete(t.dirty, ino)
@@ -255,6 +311,9 @@ func (t *Target) syncEntries(ino uint64) error {
 		return nil
 	}
 	err := syncDir(t.inoDir(ino))
+	if errors.Is(err, fs.ErrNotExist) { // deleted meanwhile
+		return nil
+	}
 	if err == nil && newDir {
 		err = syncDir(t.hashDir(ino))
 	}

@@ -36,7 +36,7 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 	path := t.chunkPath(id)
 	created := false
 	data, err := os.OpenFile(path, os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	for attempt := 0; errors.Is(err, fs.ErrNotExist) && attempt < 3; attempt++ {
 		if !create {
 			return nil, nil
 		}
@@ -46,6 +46,8 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 		} else if !errors.Is(err, fs.ErrExist) {
 			return nil, t.ioError(fmt.Sprintf("create directory for %v", id), err)
 		}
+		// A delete of the file's chunks in another chain may remove the
+		// directory between Mkdir and here: then try again.
 		data, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if err == nil {
 			created = true
@@ -61,17 +63,59 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 		return nil, t.ioError(fmt.Sprintf("open checksums of %v", id), err)
 	}
 	f := &chunkFile{key: key, data: data, crc: crc}
-	if !created {
-		info, err := data.Stat()
-		if err != nil {
-			f.close()
-			return nil, t.ioError(fmt.Sprintf("stat %v", id), err)
-		}
-		f.size = info.Size()
-	} else {
+	if created {
 		t.numChunks.Add(1)
+		return t.store.files.add(f), nil
+	}
+	if err := t.loadHeader(f, id); err != nil {
+		f.close()
+		return nil, err
 	}
 	return t.store.files.add(f), nil
+}
+
+// loadHeader reads the header of a chunk just opened and checks the data
+// file's length against it: a longer file (a crash in an extending write
+// that never completed) is cut back; a shorter one marks the chunk
+// truncated, which every read reports as corruption.
+func (t *Target) loadHeader(f *chunkFile, id ID) error {
+	info, err := f.data.Stat()
+	if err != nil {
+		return t.ioError(fmt.Sprintf("stat %v", id), err)
+	}
+	size := info.Size()
+	h, err := readHeader(f.crc, size)
+	if err != nil {
+		if !errors.Is(err, errBadHeader) {
+			return t.headerError(id, err)
+		}
+		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: -1, Header: true}
+		f.size = size
+		return nil
+	}
+	f.hdr = h
+	switch {
+	case size > h.length:
+		if err := f.data.Truncate(h.length); err != nil {
+			return t.ioError(fmt.Sprintf("cut uncommitted tail of %v", id), err)
+		}
+		t.usedBytes.Add(h.length - size)
+		size = h.length
+	case size < h.length:
+		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: size / BlockSize, Truncated: true,
+			Length: size, Want: h.length}
+	}
+	f.size = size
+	return nil
+}
+
+// check fails with the chunk's corruption found when it was opened, if any
+// (a damaged header, a data file shorter than the header says).
+func (t *Target) check(f *chunkFile) error {
+	if f.bad != nil {
+		return t.corrupt(f.bad)
+	}
+	return nil
 }
 
 func checkRange(id ID, off int64, n int, limit int64) error {
@@ -82,50 +126,38 @@ func checkRange(id ID, off int64, n int, limit int64) error {
 	return nil
 }
 
-// Write writes data at offset off of the chunk, creating it if needed. The
-// chunk is cut into chunkSize-byte pieces of a file: a write past chunkSize
-// fails with EINVAL. A write past the chunk's end extends it, the gap
-// reading as zeros. With sync, the chunk (and a new file's directory entry)
-// is on stable storage when Write returns.
-func (t *Target) Write(id ID, off int64, data []byte, chunkSize int64, sync bool) error {
-	if err := checkRange(id, off, len(data), chunkSize); err != nil {
-		return fmt.Errorf("write to target %s: %w", t.dir, err)
+// Write writes data at offset off of the chunk through chain, creating it
+// if needed, as the chunk's next version, which it returns. The chunk is
+// cut into chunkSize-byte pieces of a file: a write past chunkSize fails
+// with EINVAL. A write past the chunk's end extends it, the gap reading as
+// zeros. With sync, the chunk (and a new file's directory entry) is on
+// stable storage when Write returns.
+func (t *Target) Write(id ID, chain uint64, off int64, data []byte, chunkSize int64, sync bool) (uint64, error) {
+	l := t.Lock(id, chain)
+	defer l.Unlock()
+	info, err := l.Info()
+	if err != nil {
+		return 0, err
 	}
 	if len(data) == 0 {
-		if sync {
-			return t.SyncFile(id.Ino)
-		}
-		return nil
+		return info.Version, l.Write(off, data, chunkSize, info.Version, sync)
 	}
-	il, cl := t.inoLock(id.Ino), t.chunkLock(id)
-	il.RLock()
-	defer il.RUnlock()
-	cl.Lock()
-	defer cl.Unlock()
-	f, err := t.openChunk(id, true)
-	if err != nil {
-		return err
-	}
-	defer t.store.files.release(f)
-	if err := t.writeLocked(f, id, off, data); err != nil {
-		return err
-	}
-	if !sync {
-		t.markDirty(id)
-		return nil
-	}
-	if err := t.syncChunk(f, id); err != nil {
-		return err
-	}
-	t.clearDirty(id)
-	return t.syncEntries(id.Ino)
+	return info.Version + 1, l.Write(off, data, chunkSize, info.Version+1, sync)
 }
 
-// writeLocked writes data at off and the checksums of every block whose
-// content changes. Only blocks partly kept from before are read (and
-// verified); blocks wholly overwritten or in a zero gap are checksummed
-// from memory.
-func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte) error {
+// writeLocked writes data at off, the checksums of every block whose
+// content changes, and then the header with the new version and length.
+// Only blocks partly kept from before are read (and verified); blocks
+// wholly overwritten or in a zero gap are checksummed from memory.
+func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, version, chain uint64) error {
+	if err := t.check(f); err != nil {
+		return err
+	}
+	if f.hdr.legacy {
+		if err := t.migrate(f, id); err != nil {
+			return err
+		}
+	}
 	oldSize := f.size
 	end := off + int64(len(data))
 	newSize := max(oldSize, end)
@@ -156,13 +188,70 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte) error 
 		t.undoExtend(f, oldSize, end)
 		return t.ioError(fmt.Sprintf("write %v at offset %d", id, off), err)
 	}
-	if _, err := f.crc.WriteAt(sums, first*crcBytes); err != nil {
+	if _, err := f.crc.WriteAt(sums, headerSize+first*crcBytes); err != nil {
 		t.undoExtend(f, oldSize, end)
 		return t.ioError(fmt.Sprintf("write checksums of %v", id), err)
+	}
+	h := header{version: version, chain: chain, length: newSize}
+	if err := t.writeHeader(f, id, h); err != nil {
+		t.undoExtend(f, oldSize, end)
+		return err
 	}
 	f.size = newSize
 	t.usedBytes.Add(newSize - oldSize)
 	return nil
+}
+
+func (t *Target) writeHeader(f *chunkFile, id ID, h header) error {
+	b := h.encode()
+	if _, err := f.crc.WriteAt(b[:], 0); err != nil {
+		return t.ioError(fmt.Sprintf("write header of %v", id), err)
+	}
+	f.hdr = h
+	return nil
+}
+
+// migrate gives a chunk written before versions existed a header: its
+// checksum file is rewritten (temporary file, fsync, rename) with the
+// header in front of the checksums.
+func (t *Target) migrate(f *chunkFile, id ID) error {
+	sums, err := io.ReadAll(io.NewSectionReader(f.crc, 0, 1<<30))
+	if err != nil {
+		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+	}
+	h := header{length: f.size}
+	hb := h.encode()
+	path := t.chunkPath(id) + ".crc"
+	crc, err := writeTemp(path, append(hb[:], sums...))
+	if err != nil {
+		return t.ioError(fmt.Sprintf("add a header to the checksums of %v", id), err)
+	}
+	f.crc.Close()
+	f.crc = crc
+	f.hdr = h
+	return nil
+}
+
+// writeTemp writes b to path+".tmp", fsyncs it, renames it to path and
+// returns it open for reading and writing.
+func writeTemp(path string, b []byte) (*os.File, error) {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if _, err = f.Write(b); err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	return f, nil
 }
 
 // mergeBlock returns the checksum of block b after the write: its old bytes
@@ -188,7 +277,7 @@ func (t *Target) mergeBlock(f *chunkFile, id ID, b, oldSize, be int64, data []by
 func (t *Target) undoExtend(f *chunkFile, oldSize, end int64) {
 	if end > oldSize {
 		f.data.Truncate(oldSize)
-		f.crc.Truncate(crcBytes * ((oldSize + BlockSize - 1) / BlockSize))
+		f.crc.Truncate(f.hdr.sumsOff() + crcBytes*((oldSize+BlockSize-1)/BlockSize))
 	}
 }
 
@@ -199,7 +288,8 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 	n, err := f.data.ReadAt(buf, first*BlockSize)
 	if n < len(buf) {
 		if err == nil || err == io.EOF {
-			err = fmt.Errorf("chunk file shorter than expected (%d bytes at block %d): %w", n, first, syscall.EIO)
+			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + int64(n)/BlockSize,
+				Truncated: true, Length: first*BlockSize + int64(n), Want: first*BlockSize + int64(len(buf))})
 		}
 		return t.ioError(fmt.Sprintf("read %v", id), err)
 	}
@@ -210,7 +300,7 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 		sums = make([]byte, 0, nblocks*crcBytes)
 	}
 	sums = sums[:nblocks*crcBytes]
-	m, err := f.crc.ReadAt(sums, first*crcBytes)
+	m, err := f.crc.ReadAt(sums, f.hdr.sumsOff()+first*crcBytes)
 	if err != nil && err != io.EOF {
 		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
 	}
@@ -230,7 +320,8 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 func (t *Target) corrupt(e *CorruptionError) error {
 	t.store.log.Error("chunk checksum mismatch: data on disk is corrupt",
 		"ino", e.Chunk.Ino, "index", e.Chunk.Index, "target", e.Target, "block", e.Block,
-		"stored", fmt.Sprintf("%08x", e.Stored), "computed", fmt.Sprintf("%08x", e.Computed), "missing", e.Missing)
+		"stored", fmt.Sprintf("%08x", e.Stored), "computed", fmt.Sprintf("%08x", e.Computed), "missing", e.Missing,
+		"header", e.Header, "truncated", e.Truncated)
 	return e
 }
 
@@ -246,16 +337,15 @@ func (t *Target) Read(id ID, off int64, length int) ([]byte, error) {
 	if length == 0 {
 		return nil, nil
 	}
-	il, cl := t.inoLock(id.Ino), t.chunkLock(id)
-	il.RLock()
-	defer il.RUnlock()
-	cl.RLock()
-	defer cl.RUnlock()
+	defer t.chunkLocks.lock(id, false)()
 	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return nil, err
 	}
 	defer t.store.files.release(f)
+	if err := t.check(f); err != nil {
+		return nil, err
+	}
 	if off >= f.size {
 		return nil, nil
 	}

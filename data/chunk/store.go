@@ -12,11 +12,19 @@
 // present. Every read verifies the checksums of the blocks it touches and
 // fails with an error wrapping syscall.EIO (and ErrCorrupt) on a mismatch.
 //
-// Concurrency: all methods may be called concurrently. Writes, truncates
-// and deletes of one chunk are serialized; reads of a chunk run in parallel
-// with each other. Durability: a Write with sync, or a SyncFile, returns
-// only after the chunk files and the directory entries of newly created
-// files are on stable storage.
+// The checksum file starts with a header holding the chunk's version (+1
+// per mutation), the chain it was written through and its length (see
+// header.go).
+//
+// Concurrency: all methods may be called concurrently. Mutations of one
+// chunk are serialized (Lock hands the chunk out exclusively so a caller
+// can forward the mutation to other replicas before anyone else touches
+// it); reads of a chunk run in parallel with each other. Whole-file
+// operations of one chain (LockFile) exclude mutations of that file's
+// chunks in that chain. Durability: a Write with sync, or a SyncFile,
+// returns only after the chunk files and the directory entries of newly
+// created files are on stable storage; Replace and truncation are durable
+// on return.
 package chunk
 
 import (
@@ -44,9 +52,7 @@ const (
 	// DefaultMaxOpenChunks bounds the open-file cache (two fds per chunk).
 	DefaultMaxOpenChunks = 512
 
-	crcBytes       = 4
-	inoLockStripes = 256
-	chunkStripes   = 1024
+	crcBytes = 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -120,11 +126,12 @@ type Target struct {
 	store    *Store
 	lockFile *os.File
 
-	// inoLocks are held shared by chunk reads and writes and exclusively by
-	// operations on a whole file (truncate, delete); chunkLocks order the
-	// writes of one chunk. Lock order: ino, then chunk.
-	inoLocks   [inoLockStripes]sync.RWMutex
-	chunkLocks [chunkStripes]sync.RWMutex
+	// fileLocks are held shared by chunk mutations and exclusively by
+	// operations on a whole file in one chain (truncate, delete);
+	// chunkLocks are held exclusively by mutations of a chunk and shared by
+	// its reads. Lock order: file, then chunk.
+	fileLocks  lockTable[fileKey]
+	chunkLocks lockTable[ID]
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -177,7 +184,14 @@ func (t *Target) scan(root string) error {
 		if err != nil {
 			return t.ioError("scan chunks", err)
 		}
-		if d.IsDir() || strings.HasSuffix(d.Name(), ".crc") {
+		if d.IsDir() {
+			return nil
+		}
+		if strings.HasSuffix(d.Name(), ".tmp") { // an interrupted Replace
+			os.Remove(path)
+			return nil
+		}
+		if _, ok := chunkOf(0, d.Name()); !ok {
 			return nil
 		}
 		info, err := d.Info()
@@ -229,15 +243,6 @@ func (t *Target) hashDir(ino uint64) string {
 
 func (t *Target) inoDir(ino uint64) string {
 	return filepath.Join(t.hashDir(ino), strconv.FormatUint(ino, 16))
-}
-
-func (t *Target) inoLock(ino uint64) *sync.RWMutex {
-	return &t.inoLocks[ino%inoLockStripes]
-}
-
-func (t *Target) chunkLock(id ID) *sync.RWMutex {
-	h := id.Ino*0x9e3779b97f4a7c15 ^ id.Index*0xc2b2ae3d27d4eb4f
-	return &t.chunkLocks[(h>>32)%chunkStripes]
 }
 
 // ioError wraps a file system error with the operation and the target; a

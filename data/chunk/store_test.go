@@ -62,6 +62,13 @@ func checkChunk(t *testing.T, tg *Target, id ID, want model) {
 		t.Fatalf("%v: content differs from model (got %d bytes, want %d)", id, len(got), len(want))
 	}
 	sums, err := os.ReadFile(tg.chunkPath(id) + ".crc")
+	if len(sums) >= headerSize {
+		h, herr := decodeHeader(sums, 0)
+		if herr != nil || h.legacy || h.length != int64(len(want)) {
+			t.Fatalf("%v: header %+v, %v; want length %d", id, h, herr, len(want))
+		}
+		sums = sums[headerSize:]
+	}
 	if len(want) == 0 {
 		if err == nil && len(sums) != 0 {
 			t.Fatalf("%v: empty chunk has %d checksum bytes", id, len(sums))
@@ -118,7 +125,7 @@ func TestWriteRead(t *testing.T) {
 			var m model
 			for j, w := range tc.writes {
 				data := pattern(j+1, w.n)
-				if err := tg.Write(id, int64(w.off), data, chunkSize, false); err != nil {
+				if _, err := tg.Write(id, 1, int64(w.off), data, chunkSize, false); err != nil {
 					t.Fatalf("write %d: %v", j, err)
 				}
 				m.write(w.off, data)
@@ -157,7 +164,7 @@ func TestWriteOutsideChunkFails(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tg.Write(id, tc.off, make([]byte, tc.n), tc.chunkSize, false)
+			_, err := tg.Write(id, 1, tc.off, make([]byte, tc.n), tc.chunkSize, false)
 			if !errors.Is(err, syscall.EINVAL) {
 				t.Fatalf("got %v, want EINVAL", err)
 			}
@@ -204,15 +211,15 @@ func TestTruncateFile(t *testing.T) {
 					n = 100*kib + 3
 				}
 				data := pattern(idx, n)
-				if err := tg.Write(ID{ino, uint64(idx)}, 0, data, chunkSize, false); err != nil {
+				if _, err := tg.Write(ID{ino, uint64(idx)}, 1, 0, data, chunkSize, false); err != nil {
 					t.Fatal(err)
 				}
 				file.write(idx*chunkSize, data)
 			}
-			if err := tg.Write(ID{ino, 6}, 0, pattern(6, 10), chunkSize, false); err != nil {
+			if _, err := tg.Write(ID{ino, 6}, 1, 0, pattern(6, 10), chunkSize, false); err != nil {
 				t.Fatal(err)
 			}
-			if err := tg.TruncateFile(ino, int64(tc.size), chunkSize); err != nil {
+			if err := tg.TruncateFile(ino, 1, int64(tc.size), chunkSize); err != nil {
 				t.Fatal(err)
 			}
 			var chunks, used uint64
@@ -254,17 +261,17 @@ func TestTruncateThenExtend(t *testing.T) {
 	id := ID{Ino: 5, Index: 0}
 	var m model
 	m.write(0, pattern(1, 3*BlockSize))
-	if err := tg.Write(id, 0, m, MaxChunkSize, false); err != nil {
+	if _, err := tg.Write(id, 1, 0, m, MaxChunkSize, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := tg.TruncateFile(5, BlockSize+100, MaxChunkSize); err != nil {
+	if err := tg.TruncateFile(5, 1, BlockSize+100, MaxChunkSize); err != nil {
 		t.Fatal(err)
 	}
 	m = m[:BlockSize+100]
 	checkChunk(t, tg, id, m)
 	// Writing past the new end must read zeros in between, not old bytes.
 	m.write(2*BlockSize+50, pattern(2, 10))
-	if err := tg.Write(id, 2*BlockSize+50, pattern(2, 10), MaxChunkSize, false); err != nil {
+	if _, err := tg.Write(id, 1, 2*BlockSize+50, pattern(2, 10), MaxChunkSize, false); err != nil {
 		t.Fatal(err)
 	}
 	checkChunk(t, tg, id, m)
@@ -273,11 +280,11 @@ func TestTruncateThenExtend(t *testing.T) {
 func TestDeleteFile(t *testing.T) {
 	_, tg := openTestStore(t, Options{})
 	for idx := range 3 {
-		if err := tg.Write(ID{9, uint64(idx)}, 0, pattern(idx, 1000), 64*kib, false); err != nil {
+		if _, err := tg.Write(ID{9, uint64(idx)}, 1, 0, pattern(idx, 1000), 64*kib, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := tg.Write(ID{10, 0}, 0, pattern(1, 500), 64*kib, false); err != nil {
+	if _, err := tg.Write(ID{10, 0}, 1, 0, pattern(1, 500), 64*kib, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := tg.DeleteFile(9); err != nil {
@@ -315,7 +322,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 		{"middle block read across", "data", BlockSize + 5, BlockSize - 10, 20, 1},
 		{"partial last block", "data", 3*BlockSize + 999, 3 * BlockSize, 1, 3},
 		{"whole read", "data", 2*BlockSize + 7, 0, size, 2},
-		{"checksum file", "crc", 2*crcBytes + 1, 2 * BlockSize, 1, 2},
+		{"checksum file", "crc", headerSize + 2*crcBytes + 1, 2 * BlockSize, 1, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -323,7 +330,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 			s, tg := openTestStore(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			id := ID{Ino: 77, Index: 2}
 			data := pattern(3, size)
-			if err := tg.Write(id, 0, data, MaxChunkSize, false); err != nil {
+			if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
 				t.Fatal(err)
 			}
 			path := tg.chunkPath(id)
@@ -346,7 +353,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 			}
 			// A partial write into the bad block must not bless it.
 			bs := int(tc.wantBlock) * BlockSize
-			if err := tg.Write(id, int64(bs+1), []byte{1}, MaxChunkSize, false); !errors.Is(err, syscall.EIO) {
+			if _, err := tg.Write(id, 1, int64(bs+1), []byte{1}, MaxChunkSize, false); !errors.Is(err, syscall.EIO) {
 				t.Fatalf("partial write into corrupt block: %v, want EIO", err)
 			}
 			// Other blocks still read.
@@ -384,7 +391,7 @@ func TestConcurrentWritersToOneChunk(t *testing.T) {
 				if r == rounds-1 {
 					n = span
 				}
-				if err := tg.Write(id, int64(w*span), pattern(w, n), MaxChunkSize, r%5 == 0); err != nil {
+				if _, err := tg.Write(id, 1, int64(w*span), pattern(w, n), MaxChunkSize, r%5 == 0); err != nil {
 					t.Error(err)
 					return
 				}
@@ -413,7 +420,7 @@ func TestUsageSurvivesReopen(t *testing.T) {
 	var want uint64
 	for i := range 10 {
 		n := 1000 * (i + 1)
-		if err := tg.Write(ID{uint64(i % 3), uint64(i)}, 0, pattern(i, n), 64*kib, i%2 == 0); err != nil {
+		if _, err := tg.Write(ID{uint64(i % 3), uint64(i)}, 1, 0, pattern(i, n), 64*kib, i%2 == 0); err != nil {
 			t.Fatal(err)
 		}
 		want += uint64(n)
@@ -478,7 +485,7 @@ func BenchmarkWrite1MiB(b *testing.B) {
 	data := pattern(1, 1<<20)
 	b.SetBytes(int64(len(data)))
 	for i := 0; b.Loop(); i++ {
-		if err := tg.Write(ID{1, uint64(i % 64)}, 0, data, 1<<20, false); err != nil {
+		if _, err := tg.Write(ID{1, uint64(i % 64)}, 1, 0, data, 1<<20, false); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -493,7 +500,7 @@ func BenchmarkRead1MiB(b *testing.B) {
 	tg := s.Targets()[0]
 	data := pattern(1, 1<<20)
 	for i := range 16 {
-		if err := tg.Write(ID{1, uint64(i)}, 0, data, 1<<20, false); err != nil {
+		if _, err := tg.Write(ID{1, uint64(i)}, 1, 0, data, 1<<20, false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -91,7 +91,11 @@ type WriteChunkRequest struct {
 	Forwarded bool `protobuf:"varint,8,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
 	// On a forwarded write: the chunk version the write produces (the
 	// receiver's copy must be at chunk_version-1 to apply it).
-	ChunkVersion  uint64 `protobuf:"varint,9,opt,name=chunk_version,json=chunkVersion,proto3" json:"chunk_version,omitempty"`
+	ChunkVersion uint64 `protobuf:"varint,9,opt,name=chunk_version,json=chunkVersion,proto3" json:"chunk_version,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,10,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -185,6 +189,13 @@ func (x *WriteChunkRequest) GetForwarded() bool {
 func (x *WriteChunkRequest) GetChunkVersion() uint64 {
 	if x != nil {
 		return x.ChunkVersion
+	}
+	return 0
+}
+
+func (x *WriteChunkRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
 	}
 	return 0
 }
@@ -368,7 +379,11 @@ type TruncateFileRequest struct {
 	ChainId      uint64                 `protobuf:"varint,4,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
 	ChainVersion uint64                 `protobuf:"varint,5,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
 	// Set when a chain member forwards the request to its successor.
-	Forwarded     bool `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	Forwarded bool `protobuf:"varint,6,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,7,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +460,13 @@ func (x *TruncateFileRequest) GetForwarded() bool {
 	return false
 }
 
+func (x *TruncateFileRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
 type TruncateFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -487,9 +509,13 @@ type DeleteFileRequest struct {
 	Ino   uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
 	// When set, only the chunks of this chain are deleted, and the request
 	// goes down the chain.
-	ChainId       uint64 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
-	ChainVersion  uint64 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
-	Forwarded     bool   `protobuf:"varint,4,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	ChainId      uint64 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	Forwarded    bool   `protobuf:"varint,4,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,5,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -552,6 +578,13 @@ func (x *DeleteFileRequest) GetForwarded() bool {
 	return false
 }
 
+func (x *DeleteFileRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
 type DeleteFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -590,10 +623,16 @@ func (*DeleteFileResponse) Descriptor() ([]byte, []int) {
 
 // SyncFileRequest makes every written chunk of ino durable.
 type SyncFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	ChainId       uint64                 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
-	ChainVersion  uint64                 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Ino          uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	ChainId      uint64                 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	// Set when a chain member forwards the request to its successor.
+	Forwarded bool `protobuf:"varint,4,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,5,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -649,6 +688,20 @@ func (x *SyncFileRequest) GetChainVersion() uint64 {
 	return 0
 }
 
+func (x *SyncFileRequest) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
+}
+
+func (x *SyncFileRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
 type SyncFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -691,8 +744,11 @@ type ChunkInfo struct {
 	Chunk *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
 	// Incremented by every mutation of the chunk; equal versions on two
 	// members of a chain mean equal contents.
-	Version       uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
-	Length        uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	Version uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Length  uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	// CRC-64 of the chunk's block checksums: equal versions but different
+	// digests mean different contents (a write one member applied alone).
+	Digest        uint64 `protobuf:"varint,4,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -748,14 +804,26 @@ func (x *ChunkInfo) GetLength() uint64 {
 	return 0
 }
 
+func (x *ChunkInfo) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
 // ListChunksRequest pages through the chunks a target holds for a chain,
-// in (ino, index) order after `after`.
+// in listing order after `after`: by ino%256, then ino, then index (the
+// order of the chunk directories on disk).
 type ListChunksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ChainId       uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
-	ChainVersion  uint64                 `protobuf:"varint,2,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
-	After         *ChunkID               `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
-	Limit         uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ChainId      uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,2,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	After        *ChunkID               `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	Limit        uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,5,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,6 +882,13 @@ func (x *ListChunksRequest) GetAfter() *ChunkID {
 func (x *ListChunksRequest) GetLimit() uint32 {
 	if x != nil {
 		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListChunksRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
 	}
 	return 0
 }
@@ -941,10 +1016,14 @@ func (x *FullChunk) GetData() []byte {
 }
 
 type ReadFullChunkRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Chunk         *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
-	ChainId       uint64                 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
-	ChainVersion  uint64                 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Chunk        *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	ChainId      uint64                 `protobuf:"varint,2,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,3,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,4,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,6 +1079,13 @@ func (x *ReadFullChunkRequest) GetChainVersion() uint64 {
 	return 0
 }
 
+func (x *ReadFullChunkRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
 type PushChunkRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	ChainId      uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
@@ -1007,7 +1093,11 @@ type PushChunkRequest struct {
 	Chunk        *FullChunk             `protobuf:"bytes,3,opt,name=chunk,proto3" json:"chunk,omitempty"`
 	// Replace the receiver's copy even if its version is higher (used to
 	// discard what a member wrote while it was cut off).
-	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
+	// The chain member (target) the request is for, set on requests between
+	// members (a server may hold several members of one chain); 0 on client
+	// requests: the head for mutations, a serving member for reads.
+	TargetId      uint64 `protobuf:"varint,5,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1070,6 +1160,13 @@ func (x *PushChunkRequest) GetForce() bool {
 	return false
 }
 
+func (x *PushChunkRequest) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
 type PushChunkResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1113,7 +1210,7 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x18proto/weft/v1/data.proto\x12\aweft.v1\"1\n" +
 	"\aChunkID\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x9d\x02\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xba\x02\n" +
 	"\x11WriteChunkRequest\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
@@ -1124,7 +1221,9 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\n" +
 	"chunk_size\x18\a \x01(\rR\tchunkSize\x12\x1c\n" +
 	"\tforwarded\x18\b \x01(\bR\tforwarded\x12#\n" +
-	"\rchunk_version\x18\t \x01(\x04R\fchunkVersion\"<\n" +
+	"\rchunk_version\x18\t \x01(\x04R\fchunkVersion\x12\x1b\n" +
+	"\ttarget_id\x18\n" +
+	" \x01(\x04R\btargetId\"<\n" +
 	"\x12WriteChunkResponse\x12&\n" +
 	"\x0fneed_full_chunk\x18\x01 \x01(\bR\rneedFullChunk\"\xaa\x01\n" +
 	"\x10ReadChunkRequest\x12&\n" +
@@ -1134,7 +1233,7 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x06offset\x18\x04 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\rR\x06length\"'\n" +
 	"\x11ReadChunkResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xb8\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xd5\x01\n" +
 	"\x13TruncateFileRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1d\n" +
@@ -1142,28 +1241,34 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"chunk_size\x18\x03 \x01(\rR\tchunkSize\x12\x19\n" +
 	"\bchain_id\x18\x04 \x01(\x04R\achainId\x12#\n" +
 	"\rchain_version\x18\x05 \x01(\x04R\fchainVersion\x12\x1c\n" +
-	"\tforwarded\x18\x06 \x01(\bR\tforwarded\"\x16\n" +
-	"\x14TruncateFileResponse\"\x83\x01\n" +
+	"\tforwarded\x18\x06 \x01(\bR\tforwarded\x12\x1b\n" +
+	"\ttarget_id\x18\a \x01(\x04R\btargetId\"\x16\n" +
+	"\x14TruncateFileResponse\"\xa0\x01\n" +
 	"\x11DeleteFileRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
 	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\x12\x1c\n" +
-	"\tforwarded\x18\x04 \x01(\bR\tforwarded\"\x14\n" +
-	"\x12DeleteFileResponse\"c\n" +
+	"\tforwarded\x18\x04 \x01(\bR\tforwarded\x12\x1b\n" +
+	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x14\n" +
+	"\x12DeleteFileResponse\"\x9e\x01\n" +
 	"\x0fSyncFileRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
-	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\"\x12\n" +
-	"\x10SyncFileResponse\"e\n" +
+	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\x12\x1c\n" +
+	"\tforwarded\x18\x04 \x01(\bR\tforwarded\x12\x1b\n" +
+	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x12\n" +
+	"\x10SyncFileResponse\"}\n" +
 	"\tChunkInfo\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"\x91\x01\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\x04R\x06digest\"\xae\x01\n" +
 	"\x11ListChunksRequest\x12\x19\n" +
 	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12#\n" +
 	"\rchain_version\x18\x02 \x01(\x04R\fchainVersion\x12&\n" +
 	"\x05after\x18\x03 \x01(\v2\x10.weft.v1.ChunkIDR\x05after\x12\x14\n" +
-	"\x05limit\x18\x04 \x01(\rR\x05limit\"T\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x1b\n" +
+	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"T\n" +
 	"\x12ListChunksResponse\x12*\n" +
 	"\x06chunks\x18\x01 \x03(\v2\x12.weft.v1.ChunkInfoR\x06chunks\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\"y\n" +
@@ -1171,16 +1276,18 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06exists\x18\x03 \x01(\bR\x06exists\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"~\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"\x9b\x01\n" +
 	"\x14ReadFullChunkRequest\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
-	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\"\x92\x01\n" +
+	"\rchain_version\x18\x03 \x01(\x04R\fchainVersion\x12\x1b\n" +
+	"\ttarget_id\x18\x04 \x01(\x04R\btargetId\"\xaf\x01\n" +
 	"\x10PushChunkRequest\x12\x19\n" +
 	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12#\n" +
 	"\rchain_version\x18\x02 \x01(\x04R\fchainVersion\x12(\n" +
 	"\x05chunk\x18\x03 \x01(\v2\x12.weft.v1.FullChunkR\x05chunk\x12\x14\n" +
-	"\x05force\x18\x04 \x01(\bR\x05force\"\x13\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\x12\x1b\n" +
+	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x13\n" +
 	"\x11PushChunkResponse2\xb5\x04\n" +
 	"\x04Data\x12E\n" +
 	"\n" +

@@ -3269,8 +3269,12 @@ type RegisterServerResponse struct {
 	TargetIds           []uint64    `protobuf:"varint,2,rep,packed,name=target_ids,json=targetIds,proto3" json:"target_ids,omitempty"`
 	HeartbeatIntervalMs int64       `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	Chains              *ChainTable `protobuf:"bytes,4,opt,name=chains,proto3" json:"chains,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The manager's failure timeout: a data server that has had no answer to
+	// a heartbeat for half of it stops serving I/O (self-fencing). 0: the
+	// server assumes 2.5 heartbeat intervals.
+	FailureTimeoutMs int64 `protobuf:"varint,5,opt,name=failure_timeout_ms,json=failureTimeoutMs,proto3" json:"failure_timeout_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RegisterServerResponse) Reset() {
@@ -3329,6 +3333,13 @@ func (x *RegisterServerResponse) GetChains() *ChainTable {
 		return x.Chains
 	}
 	return nil
+}
+
+func (x *RegisterServerResponse) GetFailureTimeoutMs() int64 {
+	if x != nil {
+		return x.FailureTimeoutMs
+	}
+	return 0
 }
 
 type HeartbeatRequest struct {
@@ -4585,13 +4596,14 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12/\n" +
 	"\atargets\x18\x04 \x03(\v2\x15.weft.v1.TargetReportR\atargets\x12\x12\n" +
 	"\x04site\x18\x05 \x01(\tR\x04site\x12\x12\n" +
-	"\x04rack\x18\x06 \x01(\tR\x04rack\"\xb5\x01\n" +
+	"\x04rack\x18\x06 \x01(\tR\x04rack\"\xe3\x01\n" +
 	"\x16RegisterServerResponse\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x1d\n" +
 	"\n" +
 	"target_ids\x18\x02 \x03(\x04R\ttargetIds\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12+\n" +
-	"\x06chains\x18\x04 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\"z\n" +
+	"\x06chains\x18\x04 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12,\n" +
+	"\x12failure_timeout_ms\x18\x05 \x01(\x03R\x10failureTimeoutMs\"z\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12/\n" +

@@ -1,0 +1,269 @@
+package chunk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"hash/crc64"
+	"io/fs"
+	"os"
+)
+
+// Full is a whole chunk with its version, as copied between replicas.
+type Full struct {
+	Version uint64
+	Exists  bool // false: no such chunk (applying it deletes the chunk)
+	Data    []byte
+}
+
+// Locked is a chunk held exclusively for mutation (and the chunks of its
+// file in its chain shared, so no truncate or delete of that chain runs
+// meanwhile). A replicating caller applies a mutation and forwards it to
+// the next replica before unlocking, so every replica sees the chunk's
+// mutations in the same order. Its methods must not be called after
+// Unlock, nor concurrently.
+type Locked struct {
+	t      *Target
+	id     ID
+	chain  uint64
+	unlock []func()
+}
+
+// Lock takes chunk id of chain for mutation.
+func (t *Target) Lock(id ID, chain uint64) *Locked {
+	l := &Locked{t: t, id: id, chain: chain}
+	l.unlock = append(l.unlock, t.fileLocks.lock(fileKey{id.Ino, chain}, false), t.chunkLocks.lock(id, true))
+	return l
+}
+
+// Unlock releases the chunk.
+func (l *Locked) Unlock() {
+	for i := len(l.unlock) - 1; i >= 0; i-- {
+		l.unlock[i]()
+	}
+	l.unlock = nil
+}
+
+// Info returns the chunk's version, chain and length. A chunk whose header
+// is damaged fails with a *CorruptionError.
+func (l *Locked) Info() (Info, error) {
+	return l.t.info(l.id)
+}
+
+// info reads a chunk's header; the caller holds the chunk's lock.
+func (t *Target) info(id ID) (Info, error) {
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return Info{ID: id}, err
+	}
+	defer t.store.files.release(f)
+	if f.bad != nil && f.bad.Header {
+		return Info{ID: id}, t.corrupt(f.bad)
+	}
+	return Info{ID: id, Exists: true, Version: f.hdr.version, Chain: f.hdr.chain, Length: f.size}, nil
+}
+
+// Write writes data at off (as Target.Write) and sets the chunk's version
+// to version. An empty write changes nothing (with sync it syncs the file).
+func (l *Locked) Write(off int64, data []byte, chunkSize int64, version uint64, sync bool) error {
+	t, id := l.t, l.id
+	if err := checkRange(id, off, len(data), chunkSize); err != nil {
+		return fmt.Errorf("write to target %s: %w", t.dir, err)
+	}
+	if len(data) == 0 {
+		if sync {
+			return t.SyncFile(id.Ino)
+		}
+		return nil
+	}
+	f, err := t.openChunk(id, true)
+	if err != nil {
+		return err
+	}
+	defer t.store.files.release(f)
+	if err := t.writeLocked(f, id, off, data, version, l.chain); err != nil {
+		return err
+	}
+	if !sync {
+		t.markDirty(id)
+		return nil
+	}
+	if err := t.syncChunk(f, id); err != nil {
+		return err
+	}
+	t.clearDirty(id)
+	return t.syncEntries(id.Ino)
+}
+
+// ReadFull reads the whole chunk, verified, with its version.
+func (l *Locked) ReadFull() (Full, error) {
+	return l.t.readFull(l.id)
+}
+
+// ReadFull reads the whole chunk id, verified, with its version; a chunk
+// that does not exist is returned with Exists false.
+func (t *Target) ReadFull(id ID) (Full, error) {
+	defer t.chunkLocks.lock(id, false)()
+	return t.readFull(id)
+}
+
+func (t *Target) readFull(id ID) (Full, error) {
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return Full{}, err
+	}
+	defer t.store.files.release(f)
+	if err := t.check(f); err != nil {
+		return Full{}, err
+	}
+	buf := make([]byte, f.size)
+	if f.size > 0 {
+		if err := t.readBlocks(f, id, buf, 0); err != nil {
+			return Full{}, err
+		}
+	}
+	return Full{Version: f.hdr.version, Exists: true, Data: buf}, nil
+}
+
+// Replace makes the chunk exactly full (deleting it if !full.Exists), as
+// version full.Version: data and checksums are written to temporary files,
+// fsynced and renamed over the chunk's (data first, so that a crash in
+// between leaves the old version in the header, which a resync sees as
+// stale), then the directory is fsynced.
+func (l *Locked) Replace(full Full) error {
+	t, id := l.t, l.id
+	if len(full.Data) > MaxChunkSize {
+		return fmt.Errorf("replace %v on target %s: %d bytes is more than a chunk can hold", id, t.dir, len(full.Data))
+	}
+	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
+	path := t.chunkPath(id)
+	oldSize, existed := int64(0), false
+	if info, err := os.Stat(path); err == nil {
+		oldSize, existed = info.Size(), true
+	}
+	if !full.Exists {
+		if !existed {
+			return nil
+		}
+		if err := t.removeChunk(id, oldSize); err != nil {
+			return err
+		}
+		return t.syncInoDir(id.Ino)
+	}
+	newDir := false
+	if err := os.Mkdir(t.inoDir(id.Ino), 0o755); err == nil {
+		newDir = true
+	} else if !errors.Is(err, fs.ErrExist) {
+		return t.ioError(fmt.Sprintf("create directory for %v", id), err)
+	}
+	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data))}
+	hb := h.encode()
+	crc := append(hb[:], blockSums(full.Data)...)
+	data, err := writeTemp(path, full.Data)
+	if err != nil {
+		return t.ioError(fmt.Sprintf("write copy of %v", id), err)
+	}
+	data.Close()
+	sums, err := writeTemp(path+".crc", crc)
+	if err != nil {
+		return t.ioError(fmt.Sprintf("write checksums of copy of %v", id), err)
+	}
+	sums.Close()
+	if !existed {
+		t.numChunks.Add(1)
+	}
+	t.usedBytes.Add(int64(len(full.Data)) - oldSize)
+	t.clearDirty(id)
+	if err := syncDir(t.inoDir(id.Ino)); err != nil {
+		return t.ioError(fmt.Sprintf("sync directory of inode %d", id.Ino), err)
+	}
+	if newDir {
+		if err := syncDir(t.hashDir(id.Ino)); err != nil {
+			return t.ioError(fmt.Sprintf("sync directory of inode %d", id.Ino), err)
+		}
+	}
+	return nil
+}
+
+func (t *Target) syncInoDir(ino uint64) error {
+	if err := syncDir(t.inoDir(ino)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return t.ioError(fmt.Sprintf("sync directory of inode %d", ino), err)
+	}
+	return nil
+}
+
+// blockSums returns the CRC32C of every block of data.
+func blockSums(data []byte) []byte {
+	sums := make([]byte, 0, crcBytes*((len(data)+BlockSize-1)/BlockSize))
+	for off := 0; off < len(data); off += BlockSize {
+		sums = binary.LittleEndian.AppendUint32(sums, crc32.Checksum(data[off:min(off+BlockSize, len(data))], castagnoli))
+	}
+	return sums
+}
+
+// Stat returns the chunk's version, chain, length and digest without
+// reading its data; a chunk that does not exist has Exists false.
+func (t *Target) Stat(id ID) (Info, error) {
+	defer t.chunkLocks.lock(id, false)()
+	return t.stat(id)
+}
+
+// stat reads the chunk's checksum file directly (not through the cache of
+// open files, so that listing many chunks does not evict busy ones).
+func (t *Target) stat(id ID) (Info, error) {
+	path := t.chunkPath(id)
+	di, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Info{ID: id}, nil
+	}
+	if err != nil {
+		return Info{ID: id}, t.ioError(fmt.Sprintf("stat %v", id), err)
+	}
+	b, err := os.ReadFile(path + ".crc")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Info{ID: id}, t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+	}
+	h, err := decodeHeader(b, di.Size())
+	if err != nil {
+		return Info{ID: id, Exists: true}, t.headerError(id, err)
+	}
+	return Info{ID: id, Exists: true, Version: h.version, Chain: h.chain, Length: h.length,
+		Digest: crc64.Checksum(b[min(int(h.sumsOff()), len(b)):], crc64Table)}, nil
+}
+
+// Verify reads the whole chunk and checks it against its checksums and
+// header: a *CorruptionError names what is wrong (a block, the header, a
+// data file shorter than the header says). It returns the bytes verified.
+func (t *Target) Verify(id ID) (int64, error) {
+	defer t.chunkLocks.lock(id, false)()
+	// Reopen, so that the header and length are read from disk again.
+	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return 0, err
+	}
+	defer t.store.files.release(f)
+	if err := t.check(f); err != nil {
+		return 0, err
+	}
+	var n int64
+	buf := blockPool.Get().(*[BlockSize]byte)
+	defer blockPool.Put(buf)
+	for b := int64(0); b*BlockSize < f.size; b++ {
+		m := min(BlockSize, f.size-b*BlockSize)
+		if err := t.readBlocks(f, id, buf[:m], b); err != nil {
+			return n, err
+		}
+		n += m
+	}
+	// Checksums beyond the data: the data file was cut short on a block
+	// boundary of a chunk written before headers held its length.
+	if st, err := f.crc.Stat(); err == nil && f.hdr.legacy {
+		if want := crcBytes * ((f.size + BlockSize - 1) / BlockSize); st.Size() > want {
+			return n, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: f.size / BlockSize, Truncated: true,
+				Length: f.size, Want: st.Size() / crcBytes * BlockSize})
+		}
+	}
+	return n, nil
+}

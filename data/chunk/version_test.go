@@ -1,0 +1,240 @@
+package chunk
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+func TestVersionsCountMutations(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	id := ID{Ino: 12, Index: 1}
+	const cs = 256 * kib
+	steps := []struct {
+		name        string
+		op          func() error
+		wantVersion uint64
+		wantLen     int64
+		wantExists  bool
+	}{
+		{"create", func() error { _, err := tg.Write(id, 3, 0, pattern(1, 100*kib), cs, false); return err }, 1, 100 * kib, true},
+		{"overwrite", func() error { _, err := tg.Write(id, 3, 10, pattern(2, 10), cs, true); return err }, 2, 100 * kib, true},
+		{"empty write", func() error { _, err := tg.Write(id, 3, 0, nil, cs, true); return err }, 2, 100 * kib, true},
+		{"truncate past the chunk", func() error { return tg.TruncateFile(12, 3, 2*cs, cs) }, 2, 100 * kib, true},
+		{"truncate in another chain", func() error { return tg.TruncateFile(12, 4, cs+10, cs) }, 2, 100 * kib, true},
+		{"shorten", func() error { return tg.TruncateFile(12, 3, cs+10, cs) }, 3, 10, true},
+		{"delete in another chain", func() error { lf := tg.LockFile(12, 4); defer lf.Unlock(); return lf.Delete() }, 3, 10, true},
+		{"delete", func() error { lf := tg.LockFile(12, 3); defer lf.Unlock(); return lf.Delete() }, 0, 0, false},
+	}
+	for _, st := range steps {
+		if err := st.op(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		info, err := tg.Stat(id)
+		if err != nil || info.Exists != st.wantExists || info.Version != st.wantVersion || info.Length != st.wantLen {
+			t.Fatalf("%s: %+v, %v; want version %d, %d bytes, exists %v", st.name, info, err, st.wantVersion, st.wantLen, st.wantExists)
+		}
+		if st.wantExists && info.Chain != 3 {
+			t.Fatalf("%s: chain %d, want 3", st.name, info.Chain)
+		}
+	}
+	if _, err := os.Stat(tg.inoDir(12)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("directory of a file without chunks left behind: %v", err)
+	}
+}
+
+func TestChunkWithoutHeaderIsReadAndMigrated(t *testing.T) {
+	dir := t.TempDir()
+	id := ID{Ino: 0x1a2, Index: 0}
+	data := pattern(4, 2*BlockSize+100)
+	idir := filepath.Join(dir, "chunks", "a2", "1a2")
+	if err := os.MkdirAll(idir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var sums []byte
+	for off := 0; off < len(data); off += BlockSize {
+		sums = binary.LittleEndian.AppendUint32(sums, crc32.Checksum(data[off:min(off+BlockSize, len(data))], castagnoli))
+	}
+	os.WriteFile(filepath.Join(idir, "0"), data, 0o644)
+	os.WriteFile(filepath.Join(idir, "0.crc"), sums, 0o644)
+	s, err := Open([]string{dir}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tg := s.Targets()[0]
+	checkChunkLegacy := func() {
+		got, err := tg.Read(id, 0, MaxChunkSize)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read: %d bytes, %v", len(got), err)
+		}
+	}
+	checkChunkLegacy()
+	if info, err := tg.Stat(id); err != nil || info.Version != 0 || info.Chain != 0 || info.Length != int64(len(data)) {
+		t.Fatalf("stat of a chunk without header: %+v, %v", info, err)
+	}
+	if infos, _, _ := tg.List(0, nil, 10); len(infos) != 0 {
+		t.Fatalf("chunks of no known chain listed: %+v", infos)
+	}
+	if _, err := tg.Write(id, 9, BlockSize+5, []byte("new"), MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[BlockSize+5:], "new")
+	checkChunk(t, tg, id, data)
+	if info, _ := tg.Stat(id); info.Version != 1 || info.Chain != 9 {
+		t.Fatalf("after the first write: %+v, want version 1 of chain 9", info)
+	}
+}
+
+func TestReplace(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	id := ID{Ino: 3, Index: 2}
+	if _, err := tg.Write(id, 1, 0, pattern(1, 300*kib), MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, full := range []Full{
+		{Version: 7, Exists: true, Data: pattern(2, 100*kib+1)},
+		{Version: 9, Exists: true, Data: nil},
+		{Version: 10, Exists: true, Data: pattern(3, 2*BlockSize)},
+		{Exists: false},
+	} {
+		l := tg.Lock(id, 1)
+		err := l.Replace(full)
+		l.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tg.ReadFull(id)
+		if err != nil || got.Exists != full.Exists || got.Version != full.Version || !bytes.Equal(got.Data, full.Data) {
+			t.Fatalf("after replace with version %d (%d bytes): %v version %d, %d bytes, %v",
+				full.Version, len(full.Data), got.Exists, got.Version, len(got.Data), err)
+		}
+		if full.Exists {
+			checkChunk(t, tg, id, full.Data)
+		}
+		u, _ := tg.Usage()
+		if wantChunks := map[bool]uint64{true: 1, false: 0}[full.Exists]; u.Chunks != wantChunks || u.UsedBytes != uint64(len(full.Data)) {
+			t.Fatalf("usage after replace: %+v", u)
+		}
+	}
+}
+
+func TestListByChainInListOrder(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	var want []ID
+	for _, ino := range []uint64{0x305, 5, 0x105, 7, 0x1ff} {
+		for idx := range uint64(3) {
+			id := ID{Ino: ino, Index: idx * 5}
+			chain := uint64(1 + (ino+idx)%2)
+			if _, err := tg.Write(id, chain, 0, []byte("x"), 64*kib, false); err != nil {
+				t.Fatal(err)
+			}
+			if chain == 1 {
+				want = append(want, id)
+			}
+		}
+	}
+	sortIDs(want)
+	all, more, err := tg.List(1, nil, 1000)
+	if err != nil || more {
+		t.Fatal(err, more)
+	}
+	var paged []Info
+	var after *ID
+	for {
+		page, more, err := tg.List(1, after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paged = append(paged, page...)
+		if !more {
+			break
+		}
+		after = &page[len(page)-1].ID
+	}
+	for _, got := range [][]Info{all, paged} {
+		if len(got) != len(want) {
+			t.Fatalf("listed %d chunks, want %d", len(got), len(want))
+		}
+		for i, in := range got {
+			if in.ID != want[i] || in.Version != 1 || in.Length != 1 || in.Digest == 0 {
+				t.Fatalf("entry %d: %+v, want %v", i, in, want[i])
+			}
+		}
+	}
+}
+
+func sortIDs(ids []ID) {
+	for i := range ids {
+		for j := i + 1; j < len(ids); j++ {
+			if CompareListOrder(ids[j], ids[i]) < 0 {
+				ids[i], ids[j] = ids[j], ids[i]
+			}
+		}
+	}
+}
+
+func TestDamagedChunkFilesDetected(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(path string) error
+		check  func(*CorruptionError) bool
+	}{
+		{"data cut on a block boundary", func(p string) error { return os.Truncate(p, BlockSize) },
+			func(e *CorruptionError) bool { return e.Truncated && e.Length == BlockSize }},
+		{"data cut inside a block", func(p string) error { return os.Truncate(p, 1000) },
+			func(e *CorruptionError) bool { return e.Truncated }},
+		{"header", func(p string) error {
+			b, _ := os.ReadFile(p + ".crc")
+			b[20] ^= 4
+			return os.WriteFile(p+".crc", b, 0o644)
+		}, func(e *CorruptionError) bool { return e.Header }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, tg := openTestStore(t, Options{})
+			id := ID{Ino: 8, Index: 0}
+			if _, err := tg.Write(id, 1, 0, pattern(1, 3*BlockSize), MaxChunkSize, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.damage(tg.chunkPath(id)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := tg.Verify(id)
+			var ce *CorruptionError
+			if !errors.As(err, &ce) || !tc.check(ce) || !errors.Is(err, syscall.EIO) {
+				t.Fatalf("verify: %v", err)
+			}
+			if _, err := tg.Read(id, 0, 10); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("read of a damaged chunk: %v, want corruption", err)
+			}
+		})
+	}
+}
+
+func TestUncommittedTailIsCut(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	id := ID{Ino: 8, Index: 1}
+	data := pattern(1, BlockSize+10)
+	if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	// An extending write that reached the data file but not the header.
+	f, _ := os.OpenFile(tg.chunkPath(id), os.O_WRONLY|os.O_APPEND, 0)
+	f.Write([]byte("never acknowledged"))
+	f.Close()
+	if n, err := tg.Verify(id); err != nil || n != int64(len(data)) {
+		t.Fatalf("verify: %d, %v", n, err)
+	}
+	checkChunk(t, tg, id, data)
+	if _, err := tg.Write(id, 1, int64(len(data))+100, []byte("z"), MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	want := append(append(append([]byte(nil), data...), make([]byte, 100)...), 'z')
+	checkChunk(t, tg, id, want)
+}
