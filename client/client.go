@@ -1,0 +1,251 @@
+// Package client is the weft file system client without FUSE: namespace
+// operations against the meta service, striping of file data over chains,
+// write-back buffering and parallel chunk reads against the data servers.
+// The FUSE adapter (package mount), tests, benchmarks and gateways use it.
+//
+// Consistency is close-to-open across clients and full POSIX within one
+// Client: every File of one inode opened through the same Client shares one
+// write buffer, reads see buffered writes, and GetAttr reports the buffered
+// size. See README.md for the design decisions.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/weft-fs/weft/internal/rpc"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultWriteBufferBytes   = 64 << 20
+	DefaultUnavailableTimeout = 60 * time.Second
+	defaultVersion            = "dev"
+	// sessionCallTimeout bounds opening and closing the session, so that
+	// a meta service that cannot be reached is reported promptly.
+	sessionCallTimeout = 15 * time.Second
+)
+
+// Config configures a Client.
+type Config struct {
+	// MetaAddr is the meta service address (host:port).
+	MetaAddr string
+	// MountPoint is reported in the session (where the file system is
+	// mounted, or a description of the user of the library).
+	MountPoint string
+	// Logger receives the client's log lines; default slog.Default().
+	Logger *slog.Logger
+	// Version is reported in the session; default "dev".
+	Version string
+	// WriteBufferBytes bounds the bytes held in write-back buffers (not yet
+	// acknowledged by a data server) over all files of this client; past
+	// it, writers flush. Default DefaultWriteBufferBytes (64 MiB).
+	WriteBufferBytes int64
+	// UnavailableTimeout is how long a data operation keeps retrying while
+	// the data server of a chain cannot be reached before it fails with
+	// EIO, and how long a meta service call without a deadline waits for an
+	// unreachable meta service. Default DefaultUnavailableTimeout (60 s).
+	UnavailableTimeout time.Duration
+}
+
+// Client is a connection to one weft cluster: a session with the meta
+// service and connections to the data servers. It is safe for concurrent
+// use.
+type Client struct {
+	cfg  Config
+	log  *slog.Logger
+	conn *grpc.ClientConn
+	meta weftv1.MetaClient
+
+	sessionMu sync.Mutex
+	session   string
+	lease     time.Duration
+
+	chains chainTable
+
+	inodesMu sync.Mutex
+	inodes   map[uint64]*inode
+
+	// buffered counts bytes in write buffers and in flight to data
+	// servers, over all inodes.
+	buffered atomic.Int64
+
+	groups groupCache
+
+	bg        context.Context // background sends and session renewal
+	cancelBg  context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New dials the meta service, opens a session (renewed in the background
+// at a third of its lease) and fetches the chain table.
+func New(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.MetaAddr == "" {
+		return nil, errors.New("client: no meta service address given")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Version == "" {
+		cfg.Version = defaultVersion
+	}
+	if cfg.WriteBufferBytes <= 0 {
+		cfg.WriteBufferBytes = DefaultWriteBufferBytes
+	}
+	if cfg.UnavailableTimeout <= 0 {
+		cfg.UnavailableTimeout = DefaultUnavailableTimeout
+	}
+	conn, err := rpc.Dial(cfg.MetaAddr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		conn:   conn,
+		meta:   weftv1.NewMetaClient(metaConn{cc: conn, wait: cfg.UnavailableTimeout}),
+		inodes: make(map[uint64]*inode),
+		groups: groupCache{entries: make(map[uint32]groupEntry)},
+	}
+	c.chains.init(c)
+	if err := c.openSession(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := c.chains.refresh(ctx); err != nil {
+		c.closeSession(ctx)
+		conn.Close()
+		return nil, err
+	}
+	c.bg, c.cancelBg = context.WithCancel(context.Background())
+	c.wg.Add(1)
+	go c.renewLoop()
+	return c, nil
+}
+
+// Meta returns the meta service client of this connection, for admin
+// operations the Client has no method for (Status, layouts). Its calls
+// wait while the meta service is unreachable, up to the context's deadline
+// or, without one, Config.UnavailableTimeout.
+func (c *Client) Meta() weftv1.MetaClient { return c.meta }
+
+// Session returns the id of the client's current session.
+func (c *Client) Session() string {
+	c.sessionMu.Lock()
+	defer c.sessionMu.Unlock()
+	return c.session
+}
+
+func (c *Client) openSession(ctx context.Context) error {
+	host, _ := os.Hostname()
+	ctx, cancel := context.WithTimeout(ctx, min(sessionCallTimeout, c.cfg.UnavailableTimeout))
+	defer cancel()
+	resp, err := c.meta.OpenSession(ctx, &weftv1.OpenSessionRequest{
+		Host: host, MountPoint: c.cfg.MountPoint, Version: c.cfg.Version,
+	})
+	if err != nil {
+		return fmt.Errorf("open a session with the meta service at %s (is `weft meta` running and reachable?): %w",
+			c.cfg.MetaAddr, err)
+	}
+	lease := time.Duration(resp.LeaseMs) * time.Millisecond
+	if lease <= 0 {
+		lease = 30 * time.Second
+	}
+	c.sessionMu.Lock()
+	c.session, c.lease = resp.Session, lease
+	c.sessionMu.Unlock()
+	return nil
+}
+
+// renewLoop renews the session at a third of its lease until Close. A
+// session the meta service no longer knows (expired while it was
+// unreachable) is replaced by a new one.
+func (c *Client) renewLoop() {
+	defer c.wg.Done()
+	for {
+		c.sessionMu.Lock()
+		every := c.lease / 3
+		sess := c.session
+		c.sessionMu.Unlock()
+		select {
+		case <-c.bg.Done():
+			return
+		case <-time.After(every):
+		}
+		ctx, cancel := context.WithTimeout(c.bg, every)
+		_, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess})
+		cancel()
+		if err == nil || c.bg.Err() != nil {
+			continue
+		}
+		c.log.Warn("renewing the session with the meta service failed; opening a new one",
+			"meta", c.cfg.MetaAddr, "session", sess, "err", err)
+		if err := c.openSession(c.bg); err != nil && c.bg.Err() == nil {
+			c.log.Error("cannot open a new session with the meta service; will retry",
+				"meta", c.cfg.MetaAddr, "err", err)
+		}
+	}
+}
+
+func (c *Client) closeSession(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, sessionCallTimeout)
+	defer cancel()
+	_, err := c.meta.CloseSession(ctx, &weftv1.CloseSessionRequest{Session: c.Session()})
+	if err != nil {
+		return fmt.Errorf("close session with the meta service at %s: %w", c.cfg.MetaAddr, err)
+	}
+	return nil
+}
+
+// Close flushes every buffered write (durably, committing file sizes),
+// closes the session and the connections. Calling it again returns the
+// first call's result.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		ctx := context.Background()
+		err := c.FlushAll(ctx)
+		c.cancelBg()
+		c.wg.Wait()
+		err = errors.Join(err, c.closeSession(ctx))
+		c.chains.close()
+		err = errors.Join(err, c.conn.Close())
+		c.closeErr = err
+	})
+	return c.closeErr
+}
+
+// FlushAll flushes every inode's buffered writes durably and commits their
+// sizes. It returns the first error (each inode's error is reported once).
+func (c *Client) FlushAll(ctx context.Context) error {
+	c.inodesMu.Lock()
+	all := make([]*inode, 0, len(c.inodes))
+	for _, in := range c.inodes {
+		all = append(all, in)
+	}
+	c.inodesMu.Unlock()
+	var errs []error
+	for _, in := range all {
+		if err := in.flush(ctx, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Caller builds the identity of a calling process for the meta service's
+// permission checks: uid and gid as given, supplementary groups read from
+// /proc/<pid>/status (cached briefly per pid).
+func (c *Client) Caller(uid, gid, pid uint32) *weftv1.Caller {
+	return &weftv1.Caller{Uid: uid, Gid: gid, Pid: pid, Groups: c.groups.get(pid)}
+}

@@ -1,0 +1,256 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Fallocate modes (as fallocate(2)).
+const (
+	FallocKeepSize  = 0x1
+	FallocPunchHole = 0x2
+)
+
+// File is an open file: a handle on an inode opened through this Client.
+// Files of the same inode share the inode's write buffer. A File is safe
+// for concurrent use; Release ends it.
+type File struct {
+	c        *Client
+	ino      uint64
+	in       *inode // nil unless a regular file
+	flags    uint32
+	session  string
+	caller   *weftv1.Caller
+	released atomic.Bool
+}
+
+// Ino returns the file's inode number.
+func (f *File) Ino() uint64 { return f.ino }
+
+// Flags returns the open(2) flags the file was opened with.
+func (f *File) Flags() uint32 { return f.flags }
+
+// Open opens inode ino with open(2) flags for caller; the meta service
+// checks permissions and records the open in the session (so an unlinked
+// open file keeps its data until Release). The returned attributes are
+// fresh from the meta service (close-to-open), with this client's
+// buffered size applied.
+func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, flags uint32) (*File, *weftv1.Attr, error) {
+	sess := c.Session()
+	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags, Session: sess})
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
+}
+
+// Create creates (or, unless exclusive, opens an existing) regular file
+// name in parent and opens it with open(2) flags.
+func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode, flags uint32,
+	exclusive bool) (*File, *weftv1.Attr, error) {
+	sess := c.Session()
+	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
+		Caller: caller, Parent: parent, Name: name, Mode: mode | syscall.S_IFREG,
+		Exclusive: exclusive, Session: sess, OpenFlags: flags,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
+}
+
+func (c *Client) newFile(attr *weftv1.Attr, flags uint32, sess string, caller *weftv1.Caller) *File {
+	f := &File{c: c, ino: attr.Ino, flags: flags, session: sess, caller: caller}
+	if attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		f.in = c.acquire(attr)
+	}
+	return f
+}
+
+// acquire returns the shared state of a regular file and counts one more
+// open of it; attr is fresh from the meta service.
+func (c *Client) acquire(attr *weftv1.Attr) *inode {
+	c.inodesMu.Lock()
+	defer c.inodesMu.Unlock()
+	in := c.inodes[attr.Ino]
+	if in == nil {
+		in = &inode{
+			c: c, ino: attr.Ino,
+			dirty:    make(map[uint64]*chunkBuf),
+			inflight: make(map[uint64]*sendOp),
+			unsynced: make(map[uint64]bool),
+		}
+		c.inodes[attr.Ino] = in
+	}
+	in.mu.Lock()
+	in.opens++
+	if attr.Layout != nil {
+		in.layout = attr.Layout
+	}
+	in.metaSize = attr.Size
+	in.ra = nil // a fresh open reads what is stored now
+	in.mu.Unlock()
+	return in
+}
+
+// dropRef counts one open less; the state goes once nothing is open or
+// buffered.
+func (c *Client) dropRef(in *inode) {
+	c.inodesMu.Lock()
+	defer c.inodesMu.Unlock()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.opens--
+	if in.opens <= 0 && len(in.dirty) == 0 && len(in.inflight) == 0 && !in.writtenLocked() && in.err == nil {
+		delete(c.inodes, in.ino)
+	}
+}
+
+func (c *Client) lookupInode(ino uint64) *inode {
+	c.inodesMu.Lock()
+	defer c.inodesMu.Unlock()
+	return c.inodes[ino]
+}
+
+// ReadAt reads into p from offset off, clipped to the file's size as this
+// client knows it (buffered writes included). It returns the bytes read,
+// 0 at or past the end of the file.
+func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if f.in == nil {
+		return 0, errNotRegular
+	}
+	if off < 0 {
+		return 0, fmt.Errorf("read at negative offset %d: %w", off, syscall.EINVAL)
+	}
+	return f.in.read(ctx, p, uint64(off))
+}
+
+// WriteAt buffers p at offset off (at the end of the file for a file
+// opened with O_APPEND) and returns len(p). The data reaches the data
+// servers when a chunk fills, when the client's buffer limit is reached,
+// or at Flush, Fsync or Release; an error of such a background send is
+// returned by the next WriteAt, Flush or Fsync.
+func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if f.in == nil {
+		return 0, errNotRegular
+	}
+	if off < 0 {
+		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
+	}
+	if _, err := f.in.write(p, uint64(off), f.flags&syscall.O_APPEND != 0, f.caller); err != nil {
+		return 0, err
+	}
+	f.c.relieve(ctx, f.in)
+	return len(p), nil
+}
+
+// relieve sends buffered data when the client holds more than its limit:
+// first the writer's own file, then every file.
+func (c *Client) relieve(ctx context.Context, in *inode) {
+	if c.buffered.Load() <= c.cfg.WriteBufferBytes {
+		return
+	}
+	_ = in.sendAll(ctx)
+	if c.buffered.Load() <= c.cfg.WriteBufferBytes {
+		return
+	}
+	c.inodesMu.Lock()
+	all := make([]*inode, 0, len(c.inodes))
+	for _, o := range c.inodes {
+		all = append(all, o)
+	}
+	c.inodesMu.Unlock()
+	for _, o := range all {
+		_ = o.sendAll(ctx)
+	}
+}
+
+// Flush sends the file's buffered writes, makes them durable and commits
+// the length and mtime (close-to-open: another client that opens the file
+// afterwards sees them). It reports an earlier background send's error.
+func (f *File) Flush(ctx context.Context) error {
+	if f.in == nil {
+		return nil
+	}
+	return f.in.flush(ctx, true)
+}
+
+// Fsync is Flush: every write acknowledged before it is durable when it
+// returns.
+func (f *File) Fsync(ctx context.Context) error { return f.Flush(ctx) }
+
+// Release flushes the file and closes it with the meta service. Calling
+// it again does nothing.
+func (f *File) Release(ctx context.Context) error {
+	if f.released.Swap(true) {
+		return nil
+	}
+	var err error
+	if f.in != nil {
+		err = f.in.flush(ctx, true)
+		f.c.dropRef(f.in)
+	}
+	if _, rerr := f.c.meta.Release(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session}); rerr != nil && err == nil {
+		err = fmt.Errorf("release file %d with the meta service: %w", f.ino, rerr)
+	}
+	return err
+}
+
+// Fallocate implements fallocate(2) modes: 0 grows the file to off+length
+// if shorter; FallocKeepSize is accepted (space is not reserved);
+// FallocPunchHole|FallocKeepSize writes zeros over the range (within the
+// file's size). Other modes fail with EOPNOTSUPP.
+func (f *File) Fallocate(ctx context.Context, mode uint32, off, length uint64) error {
+	if f.in == nil {
+		return errNotRegular
+	}
+	in := f.in
+	switch mode {
+	case 0:
+		in.mu.Lock()
+		size, err := in.sizeLocked(), in.err
+		in.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if off+length <= size {
+			return nil
+		}
+		in.commitMu.Lock()
+		defer in.commitMu.Unlock()
+		resp, err := f.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{
+			Caller: f.caller, Ino: f.ino, Size: off + length, MtimeNs: time.Now().UnixNano(),
+		})
+		if err != nil {
+			return fmt.Errorf("grow file %d to %d bytes: %w", f.ino, off+length, err)
+		}
+		in.mu.Lock()
+		in.metaSize = max(in.metaSize, resp.GetAttr().GetSize())
+		in.attrGen++
+		in.mu.Unlock()
+		return nil
+	case FallocKeepSize:
+		return nil
+	case FallocPunchHole | FallocKeepSize:
+		in.mu.Lock()
+		size := in.sizeLocked()
+		in.mu.Unlock()
+		end := min(off+length, size)
+		zeros := make([]byte, min(end-min(off, end), 1<<20))
+		for pos := off; pos < end; {
+			n := min(uint64(len(zeros)), end-pos)
+			if _, err := in.write(zeros[:n], pos, false, f.caller); err != nil {
+				return err
+			}
+			f.c.relieve(ctx, in)
+			pos += n
+		}
+		return nil
+	}
+	return fmt.Errorf("fallocate mode %#x: %w", mode, syscall.EOPNOTSUPP)
+}

@@ -1,0 +1,384 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// inode is the client's state of one open regular file, shared by every
+// File of that inode opened through the same Client: the write-back
+// buffer, the sends in flight, the size as this client knows it, and the
+// error of a failed background send, reported by the next write, flush or
+// fsync (as NFS does).
+type inode struct {
+	c   *Client
+	ino uint64
+
+	// commitMu orders length changes sent to the meta service (commits,
+	// truncates): a commit that snapshot the length before a truncate
+	// must not reach the meta service after it and grow the file back.
+	commitMu sync.Mutex
+
+	mu       sync.Mutex
+	layout   *weftv1.Layout
+	metaSize uint64 // file length as last heard from the meta service
+	attrGen  uint64 // bumps when metaSize is set by a commit or truncate
+	dirty    map[uint64]*chunkBuf
+	inflight map[uint64]*sendOp // latest send per chunk index
+	unsynced map[uint64]bool    // chains written since their last SyncFile
+	err      error              // failed background send, not yet reported
+
+	localEnd     uint64 // end of the furthest write not yet committed
+	writeSeq     uint64 // counts writes
+	committedSeq uint64 // writeSeq covered by the last CommitWrite
+	mtimeNs      int64  // time of the last write
+	caller       *weftv1.Caller
+	opens        int
+
+	ra []*raWindow // read-ahead windows, oldest first; cleared by writes
+}
+
+// sendOp is one chunk buffer on its way to a data server. A send of a chunk
+// waits for the previous send of the same chunk (prev), so the server
+// applies writes to a chunk in the order they were made.
+type sendOp struct {
+	done  chan struct{}
+	prev  *sendOp
+	bytes int64
+	err   error
+}
+
+func (in *inode) sizeLocked() uint64 { return max(in.metaSize, in.localEnd) }
+
+func (in *inode) writtenLocked() bool { return in.writeSeq != in.committedSeq }
+
+// startSendLocked hands buf (chunk idx) to a background sender.
+func (in *inode) startSendLocked(idx uint64, buf *chunkBuf) *sendOp {
+	op := &sendOp{done: make(chan struct{}), prev: in.inflight[idx], bytes: buf.size}
+	in.inflight[idx] = op
+	layout := in.layout
+	go in.send(op, layout, idx, buf)
+	return op
+}
+
+func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkBuf) {
+	if op.prev != nil {
+		<-op.prev.done
+	}
+	chain := chainFor(layout, idx)
+	var err error
+	for _, e := range buf.extents {
+		if err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, false); err != nil {
+			break
+		}
+	}
+	in.mu.Lock()
+	if in.inflight[idx] == op {
+		delete(in.inflight, idx)
+	}
+	if err != nil {
+		if in.err == nil {
+			in.err = fmt.Errorf("write back file %d chunk %d: %w", in.ino, idx, err)
+		}
+		in.c.log.Error("write-back of buffered data failed; the next write, fsync or close of the file reports it",
+			"ino", in.ino, "chunk", idx, "err", err)
+	} else {
+		in.unsynced[chain] = true
+	}
+	in.mu.Unlock()
+	in.c.buffered.Add(-op.bytes)
+	op.err = err
+	close(op.done)
+}
+
+// write buffers p at file offset off (or at the end of the file as this
+// client knows it, for appendMode) and returns the offset used.
+func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Caller) (uint64, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.err != nil {
+		return off, in.err
+	}
+	if err := checkLayout(in.ino, in.layout); err != nil {
+		return off, err
+	}
+	if appendMode {
+		off = in.sizeLocked()
+	}
+	in.ra = nil
+	cs := uint64(in.layout.ChunkSize)
+	for _, s := range spans(off, uint64(len(p)), cs) {
+		buf := in.dirty[s.index]
+		if buf == nil {
+			buf = &chunkBuf{}
+			in.dirty[s.index] = buf
+		}
+		in.c.buffered.Add(buf.write(s.off, p[s.bufOff:s.bufOff+s.n]))
+		if buf.full(cs) {
+			delete(in.dirty, s.index)
+			in.startSendLocked(s.index, buf)
+		}
+	}
+	in.localEnd = max(in.localEnd, off+uint64(len(p)))
+	in.writeSeq++
+	in.mtimeNs = time.Now().UnixNano()
+	if caller != nil {
+		in.caller = caller
+	}
+	return off, nil
+}
+
+// sendAll starts sending every buffered chunk and waits until all sends
+// of this inode started so far are done. Errors of the sends are left in
+// in.err.
+func (in *inode) sendAll(ctx context.Context) error {
+	in.mu.Lock()
+	for idx, buf := range in.dirty {
+		delete(in.dirty, idx)
+		in.startSendLocked(idx, buf)
+	}
+	ops := make([]*sendOp, 0, len(in.inflight))
+	for _, op := range in.inflight {
+		ops = append(ops, op)
+	}
+	in.mu.Unlock()
+	return waitOps(ctx, ops)
+}
+
+// sendChunks sends the buffered data of the given chunks and waits for
+// their sends (so a read that follows sees them on the data servers).
+func (in *inode) sendChunks(ctx context.Context, idxs []uint64) error {
+	in.mu.Lock()
+	var ops []*sendOp
+	for _, idx := range idxs {
+		if buf := in.dirty[idx]; buf != nil {
+			delete(in.dirty, idx)
+			in.startSendLocked(idx, buf)
+		}
+		if op := in.inflight[idx]; op != nil {
+			ops = append(ops, op)
+		}
+	}
+	in.mu.Unlock()
+	return waitOps(ctx, ops)
+}
+
+func waitOps(ctx context.Context, ops []*sendOp) error {
+	for _, op := range ops {
+		select {
+		case <-op.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// flush sends every buffered write. When final (flush, fsync, release) it
+// also makes the written chains durable (SyncFile), commits the length
+// and mtime to the meta service, and returns (and forgets) the error of an
+// earlier failed background send.
+func (in *inode) flush(ctx context.Context, final bool) error {
+	if err := in.sendAll(ctx); err != nil || !final {
+		return err
+	}
+	in.mu.Lock()
+	err := in.err
+	in.err = nil
+	chains := make([]uint64, 0, len(in.unsynced))
+	for ch := range in.unsynced {
+		chains = append(chains, ch)
+	}
+	clear(in.unsynced)
+	in.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := in.syncChains(ctx, chains); err != nil {
+		in.mu.Lock()
+		for _, ch := range chains {
+			in.unsynced[ch] = true
+		}
+		in.mu.Unlock()
+		return err
+	}
+	return in.commit(ctx)
+}
+
+// syncChains makes the file's chunks on the given chains durable, in
+// parallel.
+func (in *inode) syncChains(ctx context.Context, chains []uint64) error {
+	errs := make([]error, len(chains))
+	var wg sync.WaitGroup
+	for i, ch := range chains {
+		wg.Go(func() {
+			errs[i] = in.c.onChain(ctx, ch, fmt.Sprintf("sync file %d", in.ino),
+				func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+					_, err := dc.SyncFile(ctx, &weftv1.SyncFileRequest{Ino: in.ino, ChainId: ch, ChainVersion: version})
+					return err
+				})
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// commit records the length and mtime of the writes made so far with the
+// meta service, if there are any not yet committed.
+func (in *inode) commit(ctx context.Context) error {
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	return in.commitLocked(ctx)
+}
+
+// commitLocked is commit with in.commitMu held.
+func (in *inode) commitLocked(ctx context.Context) error {
+	in.mu.Lock()
+	if !in.writtenLocked() {
+		in.mu.Unlock()
+		return nil
+	}
+	seq, size, mtime, caller := in.writeSeq, in.localEnd, in.mtimeNs, in.caller
+	in.mu.Unlock()
+	resp, err := in.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
+	if err != nil {
+		return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
+	}
+	in.mu.Lock()
+	in.metaSize = resp.GetAttr().GetSize()
+	in.attrGen++
+	if in.writeSeq == seq {
+		in.committedSeq = seq
+		in.localEnd = 0
+	}
+	in.mu.Unlock()
+	return nil
+}
+
+// prepareTruncate drops buffered bytes at or past size, sends the rest and
+// commits the length written so far, so that the meta service's truncate
+// of the chunks that follows sees every earlier write. The caller holds
+// in.commitMu until the truncate is done.
+func (in *inode) prepareTruncate(ctx context.Context, size uint64) error {
+	in.mu.Lock()
+	if in.layout != nil && in.layout.ChunkSize > 0 {
+		cs := uint64(in.layout.ChunkSize)
+		for idx, buf := range in.dirty {
+			start := idx * cs
+			switch {
+			case start >= size:
+				in.c.buffered.Add(-buf.size)
+				delete(in.dirty, idx)
+			case start+cs > size:
+				in.c.buffered.Add(-buf.truncate(size - start))
+				if buf.size == 0 {
+					delete(in.dirty, idx)
+				}
+			}
+		}
+	}
+	in.localEnd = min(in.localEnd, size)
+	in.ra = nil
+	in.mu.Unlock()
+	if err := in.sendAll(ctx); err != nil {
+		return err
+	}
+	return in.commitLocked(ctx)
+}
+
+// truncated records the length the meta service reported after a truncate.
+func (in *inode) truncated(size uint64) {
+	in.mu.Lock()
+	in.metaSize = size
+	in.localEnd = min(in.localEnd, size)
+	in.ra = nil
+	in.attrGen++
+	in.mu.Unlock()
+}
+
+// read fills p from file offset off, clipped to the file's size; it
+// returns the number of bytes read (0 at or past the end).
+func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
+	in.mu.Lock()
+	if err := checkLayout(in.ino, in.layout); err != nil {
+		in.mu.Unlock()
+		return 0, err
+	}
+	size, layout := in.sizeLocked(), in.layout
+	if off >= size || len(p) == 0 {
+		in.mu.Unlock()
+		return 0, nil
+	}
+	n := min(uint64(len(p)), size-off)
+	sp := spans(off, n, uint64(layout.ChunkSize))
+	var pending []uint64
+	for _, s := range sp {
+		if b := in.dirty[s.index]; (b != nil && b.overlaps(s.off, s.off+s.n)) || in.inflight[s.index] != nil {
+			pending = append(pending, s.index)
+		}
+	}
+	in.mu.Unlock()
+	if len(pending) > 0 {
+		if err := in.sendChunks(ctx, pending); err != nil {
+			return 0, err
+		}
+	}
+	if len(sp) == 1 {
+		s := sp[0]
+		return int(n), in.readPiece(ctx, layout, size, s, p[s.bufOff:s.bufOff+s.n])
+	}
+	errs := make([]error, len(sp))
+	var wg sync.WaitGroup
+	for i, s := range sp {
+		wg.Go(func() {
+			errs[i] = in.readPiece(ctx, layout, size, s, p[s.bufOff:s.bufOff+s.n])
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// writeChunk sends one piece of a chunk to the head of its chain.
+func (c *Client) writeChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, data []byte, sync bool) error {
+	chain := chainFor(l, idx)
+	return c.onChain(ctx, chain, fmt.Sprintf("write chunk %d of file %d", idx, ino),
+		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+			_, err := dc.WriteChunk(ctx, &weftv1.WriteChunkRequest{
+				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
+				Offset: off, Data: data, Sync: sync, ChunkSize: l.ChunkSize,
+			})
+			return err
+		})
+}
+
+// readChunk fills p from chunk idx at offset off; what the chunk does not
+// hold reads as zeros.
+func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, p []byte) error {
+	chain := chainFor(l, idx)
+	return c.onChain(ctx, chain, fmt.Sprintf("read chunk %d of file %d", idx, ino),
+		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+			resp, err := dc.ReadChunk(ctx, &weftv1.ReadChunkRequest{
+				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
+				Offset: off, Length: uint32(len(p)),
+			})
+			if err != nil {
+				return err
+			}
+			n := copy(p, resp.Data)
+			clear(p[n:])
+			return nil
+		})
+}
+
+// errNotRegular is returned for data operations on a File that is not a
+// regular file.
+var errNotRegular = fmt.Errorf("not a regular file: %w", syscall.EINVAL)

@@ -1,0 +1,236 @@
+package client
+
+import (
+	"context"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// overlay applies this client's view of an inode to attributes from the
+// meta service: the buffered (not yet committed) length and the time of
+// the last buffered write. With fresh, the meta service's length becomes
+// the client's known length unless a commit or truncate of this client
+// happened since gen was taken.
+func (c *Client) overlay(attr *weftv1.Attr, gen uint64, fresh bool) *weftv1.Attr {
+	if attr == nil {
+		return nil
+	}
+	in := c.lookupInode(attr.Ino)
+	if in == nil {
+		return attr
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if fresh && in.attrGen == gen {
+		in.metaSize = attr.Size
+	}
+	if in.writtenLocked() {
+		attr.Size = max(attr.Size, in.localEnd)
+		attr.MtimeNs = max(attr.MtimeNs, in.mtimeNs)
+		attr.CtimeNs = max(attr.CtimeNs, in.mtimeNs)
+	}
+	return attr
+}
+
+func (c *Client) attrGen(ino uint64) uint64 {
+	in := c.lookupInode(ino)
+	if in == nil {
+		return 0
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.attrGen
+}
+
+// Lookup finds name in directory parent.
+func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) (*weftv1.Attr, error) {
+	resp, err := c.meta.Lookup(ctx, &weftv1.LookupRequest{Caller: caller, Parent: parent, Name: name})
+	if err != nil {
+		return nil, err
+	}
+	return c.overlay(resp.Attr, 0, false), nil
+}
+
+// GetAttr returns an inode's attributes, with the length and mtime of this
+// client's buffered writes applied.
+func (c *Client) GetAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) {
+	gen := c.attrGen(ino)
+	resp, err := c.meta.GetAttr(ctx, &weftv1.GetAttrRequest{Ino: ino})
+	if err != nil {
+		return nil, err
+	}
+	return c.overlay(resp.Attr, gen, true), nil
+}
+
+// SetAttr changes the attributes named by req.Valid (SetAttrValid bits).
+// A size change first drops this client's buffered bytes past the new
+// length and sends and commits the rest; the meta service then truncates
+// the chunks. A time change first commits buffered writes, so that their
+// mtime cannot override the one set.
+func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weftv1.Attr, error) {
+	resize := req.Valid&uint32(weftv1.SetAttrValid_SETATTR_SIZE) != 0
+	const times = weftv1.SetAttrValid_SETATTR_ATIME | weftv1.SetAttrValid_SETATTR_MTIME |
+		weftv1.SetAttrValid_SETATTR_ATIME_NOW | weftv1.SetAttrValid_SETATTR_MTIME_NOW
+	in := c.lookupInode(req.Ino)
+	switch {
+	case in == nil:
+	case resize:
+		in.commitMu.Lock()
+		defer in.commitMu.Unlock()
+		if err := in.prepareTruncate(ctx, req.Size); err != nil {
+			return nil, err
+		}
+	case req.Valid&uint32(times) != 0:
+		// Commit earlier writes first, so their mtime does not replace
+		// the one set now.
+		if err := in.sendAll(ctx); err != nil {
+			return nil, err
+		}
+		if err := in.commit(ctx); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := c.meta.SetAttr(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if resize && in != nil {
+		in.truncated(resp.Attr.GetSize())
+	}
+	return c.overlay(resp.Attr, 0, false), nil
+}
+
+// Mknod creates a special file (FIFO, socket, device) or an empty regular
+// file; mode carries the file type bits.
+func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode, rdev uint32) (*weftv1.Attr, error) {
+	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
+		Caller: caller, Parent: parent, Name: name, Mode: mode, Rdev: rdev, Exclusive: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Attr, nil
+}
+
+// Mkdir creates directory name in parent.
+func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode uint32) (*weftv1.Attr, error) {
+	resp, err := c.meta.Mkdir(ctx, &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Attr, nil
+}
+
+// Unlink removes the non-directory name from parent.
+func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	_, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	return err
+}
+
+// Rmdir removes the empty directory name from parent.
+func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	_, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	return err
+}
+
+// Rename moves oldParent/oldName to newParent/newName; flags are
+// RenameFlags bits (RENAME_NOREPLACE, RENAME_EXCHANGE).
+func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent uint64, oldName string,
+	newParent uint64, newName string, flags uint32) error {
+	_, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
+		Caller: caller, OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags,
+	})
+	return err
+}
+
+// Link makes newParent/newName another name of inode ino.
+func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
+	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})
+	if err != nil {
+		return nil, err
+	}
+	return c.overlay(resp.Attr, 0, false), nil
+}
+
+// Symlink creates symbolic link name in parent pointing to target.
+func (c *Client) Symlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name, target string) (*weftv1.Attr, error) {
+	resp, err := c.meta.Symlink(ctx, &weftv1.SymlinkRequest{Caller: caller, Parent: parent, Name: name, Target: target})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Attr, nil
+}
+
+// Readlink returns a symbolic link's target.
+func (c *Client) Readlink(ctx context.Context, ino uint64) (string, error) {
+	resp, err := c.meta.Readlink(ctx, &weftv1.ReadlinkRequest{Ino: ino})
+	if err != nil {
+		return "", err
+	}
+	return resp.Target, nil
+}
+
+// OpenDir checks that caller may open directory ino with flags.
+func (c *Client) OpenDir(ctx context.Context, caller *weftv1.Caller, ino uint64, flags uint32) (*weftv1.Attr, error) {
+	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Attr, nil
+}
+
+// ReadDir returns one page of directory ino's entries in name order after
+// startAfter (without "." and ".."), and whether more follow. With plus,
+// entries carry their attributes.
+func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64, startAfter string, plus bool) ([]*weftv1.DirEntry, bool, error) {
+	resp, err := c.meta.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: caller, Ino: ino, StartAfter: startAfter, Plus: plus})
+	if err != nil {
+		return nil, false, err
+	}
+	for _, e := range resp.Entries {
+		c.overlay(e.Attr, 0, false)
+	}
+	return resp.Entries, resp.More, nil
+}
+
+// Access checks access(2) mask bits for caller on inode ino.
+func (c *Client) Access(ctx context.Context, caller *weftv1.Caller, ino uint64, mask uint32) error {
+	_, err := c.meta.Access(ctx, &weftv1.AccessRequest{Caller: caller, Ino: ino, Mask: mask})
+	return err
+}
+
+// StatFS returns the file system's capacity and file count.
+func (c *Client) StatFS(ctx context.Context) (*weftv1.StatFSResponse, error) {
+	return c.meta.StatFS(ctx, &weftv1.StatFSRequest{})
+}
+
+// GetXattr returns the value of extended attribute name of inode ino.
+func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) ([]byte, error) {
+	resp, err := c.meta.GetXattr(ctx, &weftv1.GetXattrRequest{Caller: caller, Ino: ino, Name: name})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Value, nil
+}
+
+// SetXattr sets extended attribute name of inode ino; flags are
+// XattrFlags bits (XATTR_CREATE, XATTR_REPLACE).
+func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
+	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
+	return err
+}
+
+// ListXattr returns the names of inode ino's extended attributes.
+func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint64) ([]string, error) {
+	resp, err := c.meta.ListXattr(ctx, &weftv1.ListXattrRequest{Caller: caller, Ino: ino})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Names, nil
+}
+
+// RemoveXattr removes extended attribute name of inode ino.
+func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
+	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
+	return err
+}

@@ -1,0 +1,105 @@
+package client
+
+import "sort"
+
+// extent is a run of buffered bytes inside one chunk, starting at off.
+type extent struct {
+	off  uint64
+	data []byte
+}
+
+func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
+
+// chunkBuf holds the buffered (not yet sent) bytes of one chunk as sorted,
+// non-overlapping, non-adjacent extents: a write that touches or overlaps
+// existing extents is merged with them, so sequential small writes grow one
+// extent. A chunkBuf is not safe for concurrent use (its inode's mutex
+// guards it) and owns its byte slices: once it is handed to a sender nobody
+// writes into it again.
+type chunkBuf struct {
+	extents []extent
+	size    int64 // total buffered bytes
+}
+
+// write copies p into the buffer at chunk offset off and returns by how
+// many bytes the buffered total grew.
+func (b *chunkBuf) write(off uint64, p []byte) int64 {
+	if len(p) == 0 {
+		return 0
+	}
+	end := off + uint64(len(p))
+	// First extent that ends at or after off (touching counts) and the
+	// first that starts after end: extents [i, j) merge with the write.
+	i := sort.Search(len(b.extents), func(k int) bool { return b.extents[k].end() >= off })
+	j := sort.Search(len(b.extents), func(k int) bool { return b.extents[k].off > end })
+	before := b.size
+	switch {
+	case i >= j:
+		data := append([]byte(nil), p...)
+		b.extents = append(b.extents, extent{})
+		copy(b.extents[i+1:], b.extents[i:])
+		b.extents[i] = extent{off: off, data: data}
+		b.size += int64(len(p))
+		return b.size - before
+	case j == i+1 && b.extents[i].off <= off:
+		// One extent that starts at or before the write: overwrite in
+		// place or grow it at its end (amortized by append).
+		e := &b.extents[i]
+		if end <= e.end() {
+			copy(e.data[off-e.off:], p)
+			return 0
+		}
+		old := int64(len(e.data))
+		e.data = append(e.data[:off-e.off], p...)
+		b.size += int64(len(e.data)) - old
+		return b.size - before
+	}
+	start := min(off, b.extents[i].off)
+	last := max(end, b.extents[j-1].end())
+	data := make([]byte, last-start)
+	var removed int64
+	for _, e := range b.extents[i:j] {
+		copy(data[e.off-start:], e.data)
+		removed += int64(len(e.data))
+	}
+	copy(data[off-start:], p)
+	b.extents = append(b.extents[:i+1], b.extents[j:]...)
+	b.extents[i] = extent{off: start, data: data}
+	b.size += int64(len(data)) - removed
+	return b.size - before
+}
+
+// full reports whether the buffer covers the whole chunk.
+func (b *chunkBuf) full(chunkSize uint64) bool {
+	return len(b.extents) == 1 && b.extents[0].off == 0 && uint64(len(b.extents[0].data)) >= chunkSize
+}
+
+// truncate drops every buffered byte at chunk offset size or beyond and
+// returns how many bytes were dropped.
+func (b *chunkBuf) truncate(size uint64) int64 {
+	before := b.size
+	keep := b.extents[:0]
+	b.size = 0
+	for _, e := range b.extents {
+		if e.off >= size {
+			continue
+		}
+		if e.end() > size {
+			e.data = e.data[:size-e.off]
+		}
+		keep = append(keep, e)
+		b.size += int64(len(e.data))
+	}
+	b.extents = keep
+	return before - b.size
+}
+
+// overlaps reports whether any buffered byte lies in chunk range [off, end).
+func (b *chunkBuf) overlaps(off, end uint64) bool {
+	for _, e := range b.extents {
+		if e.off < end && off < e.end() {
+			return true
+		}
+	}
+	return false
+}
