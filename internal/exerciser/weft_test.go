@@ -1,0 +1,18 @@
+package exerciser
+
+import (
+	"testing"
+
+	"github.com/weft-fs/weft/internal/testcluster"
+)
+
+// TestWeft runs the exerciser on a FUSE mount of an in-process weft cluster
+// with small chunks, so that a run crosses many chunk and stripe boundaries.
+func TestWeft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and a FUSE mount")
+	}
+	const chunkSize = 256 << 10
+	c := testcluster.Start(t, testcluster.Options{Mount: true, ChunkSize: chunkSize, StripeCount: 3})
+	Run(t, c.MountDir(), Config{Ops: 2000, MaxFileSize: 4 << 20, Files: 3, ChunkSizeHint: chunkSize})
+}
