@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -27,27 +29,23 @@ func status(log *slog.Logger, op string, ino uint64, err error) fuse.Status {
 		}
 		return fuse.Status(e)
 	}
-	if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) || grpcstatus.Code(err) == codes.Canceled {
 		return fuse.EINTR
 	}
 	log.Error("operation failed with an error that has no errno; answering EIO", "op", op, "ino", ino, "err", err)
 	return fuse.EIO
 }
 
-// reqContext turns go-fuse's cancel channel (closed when the kernel
-// interrupts the request) into a context.
-func reqContext(cancel <-chan struct{}) (context.Context, context.CancelFunc) {
-	ctx, stop := context.WithCancel(context.Background())
-	if cancel != nil {
-		go func() {
-			select {
-			case <-cancel:
-				stop()
-			case <-ctx.Done():
-			}
-		}()
-	}
-	return ctx, stop
+// reqContext returns the context for one FUSE request. Kernel interrupts
+// (the cancel channel) are deliberately not honoured: the kernel sends one
+// for any signal the calling process gets, including the runtime's
+// preemption signals of Go programs, and answering EINTR to stat or open
+// breaks programs that do not retry. A fatal signal needs no help: the
+// kernel stops waiting for the answer by itself. Operations that can
+// block for long (a data server down) have their own timeouts in the
+// client.
+func reqContext(_ <-chan struct{}) (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
 }
 
 func splitNs(ns int64) (uint64, uint32) {

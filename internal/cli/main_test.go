@@ -1,0 +1,326 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/weft-fs/weft/internal/rpc"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// weftBinary is the weft binary built once for this test run: weft up
+// re-executes it (through $WEFT_EXE) for its daemons, and the process
+// tests run it.
+var weftBinary string
+
+// weftBuildErr is why weftBinary could not be built.
+var weftBuildErr error
+
+func TestMain(m *testing.M) {
+	testscript.Main(buildingM{m}, map[string]func(){"weft": weftMain})
+}
+
+// weftMain is the "weft" command of the scripts: the real CLI, run in a
+// copy of the test binary.
+func weftMain() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// buildingM builds the weft binary before running the tests (only in the
+// top-level test process, not in the script commands).
+type buildingM struct{ m *testing.M }
+
+func (b buildingM) Run() int {
+	tmp, err := os.MkdirTemp("", "weft-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	weftBinary = filepath.Join(tmp, "weft")
+	out, err := exec.Command("go", "build", "-o", weftBinary, "github.com/weft-fs/weft/cmd/weft").CombinedOutput()
+	if err != nil {
+		weftBuildErr = fmt.Errorf("go build ./cmd/weft: %v\n%s", err, out)
+		weftBinary = ""
+	} else {
+		os.Setenv("WEFT_EXE", weftBinary)
+	}
+	return b.m.Run()
+}
+
+// needWeftBinary skips nothing: a test that needs the binary fails if the
+// build failed.
+func needWeftBinary(t testing.TB) string {
+	t.Helper()
+	if weftBinary == "" {
+		t.Fatalf("the weft binary could not be built: %v", weftBuildErr)
+	}
+	return weftBinary
+}
+
+// needFUSE skips tests that mount when this machine cannot.
+func needFUSE(t testing.TB) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("FUSE is not available (%v); install fuse3", err)
+	}
+	if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			t.Skip("not root and no fusermount3; install fuse3")
+		}
+	}
+}
+
+func TestScripts(t *testing.T) {
+	needWeftBinary(t)
+	testscript.Run(t, testscript.Params{
+		Dir: "testdata/script",
+		Setup: func(env *testscript.Env) error {
+			env.Setenv("WEFT_EXE", weftBinary)
+			env.Setenv("WEFT_RUNTIME_DIR", filepath.Join(env.WorkDir, "run"))
+			work := env.WorkDir
+			env.Defer(func() { cleanupUnder(work) })
+			return nil
+		},
+		Condition: func(cond string) (bool, error) {
+			switch cond {
+			case "fuse":
+				return haveFUSE(), nil
+			}
+			return false, fmt.Errorf("unknown condition %q", cond)
+		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"waitfile":    cmdWaitFile,
+			"waitmount":   cmdWaitMount,
+			"waitonline":  cmdWaitOnline,
+			"waitoffline": cmdWaitOffline,
+			"mounted":     cmdMounted,
+			"envfile":     cmdEnvFile,
+		},
+	})
+}
+
+func haveFUSE() bool {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return false
+	}
+	if os.Geteuid() == 0 {
+		return true
+	}
+	_, err := exec.LookPath("fusermount3")
+	return err == nil
+}
+
+// scriptTimeout bounds the waits of the script commands.
+const scriptTimeout = 90 * time.Second
+
+// cmdWaitFile waits until a file exists: waitfile PATH.
+func cmdWaitFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: waitfile PATH")
+	}
+	p := ts.MkAbs(args[0])
+	deadline := time.Now().Add(scriptTimeout)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(p); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ts.Fatalf("timed out waiting for %s", p)
+}
+
+// cmdWaitMount waits until DIR is a weft mount: waitmount DIR.
+func cmdWaitMount(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 1 {
+		ts.Fatalf("usage: waitmount DIR")
+	}
+	if err := waitMounted(ts.MkAbs(args[0]), scriptTimeout); err != nil {
+		ts.Fatalf("%v", err)
+	}
+}
+
+// cmdMounted checks whether DIR is a weft mount: [!] mounted DIR.
+func cmdMounted(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 1 {
+		ts.Fatalf("usage: mounted DIR")
+	}
+	dir := ts.MkAbs(args[0])
+	got := isMounted(dir)
+	if got == neg {
+		ts.Fatalf("%s mounted: %v", dir, got)
+	}
+}
+
+// cmdEnvFile sets an environment variable to a file's trimmed content:
+// envfile VAR PATH.
+func cmdEnvFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: envfile VAR PATH")
+	}
+	b, err := os.ReadFile(ts.MkAbs(args[1]))
+	ts.Check(err)
+	ts.Setenv(args[0], strings.TrimSpace(string(b)))
+}
+
+// cmdWaitOnline waits until the meta service at ADDR reports N data
+// servers online: waitonline ADDR N.
+func cmdWaitOnline(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: waitonline ADDR N")
+	}
+	var n int
+	if _, err := fmt.Sscan(args[1], &n); err != nil {
+		ts.Fatalf("waitonline: bad count %q", args[1])
+	}
+	if err := waitOnline(args[0], n, scriptTimeout); err != nil {
+		ts.Fatalf("%v", err)
+	}
+}
+
+// cmdWaitOffline waits until the meta service at ADDR reports at most N
+// data servers online: waitoffline ADDR N.
+func cmdWaitOffline(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: waitoffline ADDR N")
+	}
+	var n int
+	if _, err := fmt.Sscan(args[1], &n); err != nil {
+		ts.Fatalf("waitoffline: bad count %q", args[1])
+	}
+	if err := waitServers(args[0], func(online int) bool { return online <= n }, scriptTimeout); err != nil {
+		ts.Fatalf("%v", err)
+	}
+}
+
+// waitOnline polls the meta service at addr until n servers are online.
+func waitOnline(addr string, n int, timeout time.Duration) error {
+	return waitServers(addr, func(online int) bool { return online >= n }, timeout)
+}
+
+// waitServers polls the meta service at addr until ok(servers online).
+func waitServers(addr string, ok func(online int) bool, timeout time.Duration) error {
+	cc, err := rpc.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	mc := weftv1.NewMetaClient(cc)
+	deadline := time.Now().Add(timeout)
+	var last error
+	online := 0
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := mc.Status(ctx, &weftv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			if online = onlineCount(st); ok(online) {
+				return nil
+			}
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out waiting for the data servers at %s (%d online, last error %v)", addr, online, last)
+}
+
+// isMounted reports whether dir is a weft mount point now.
+func isMounted(dir string) bool {
+	mp, err := findWeftMount(dir)
+	return err == nil && mp == dir
+}
+
+// waitMounted polls until dir is a weft mount.
+func waitMounted(dir string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if isMounted(dir) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out waiting for a weft mount on %s", dir)
+}
+
+// cleanupUnder kills every process whose command line mentions dir (the
+// daemons a test started there) and detaches every mount below dir, so
+// that no test leaves anything behind.
+func cleanupUnder(dir string) {
+	for _, pid := range pidsMentioning(dir) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	mounts, _ := readMountInfo()
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if within(mounts[i].MountPoint, dir) {
+			// A FUSE server killed while a thread of its own waits on its
+			// mount never exits until the connection is aborted.
+			if strings.HasPrefix(mounts[i].FSType, "fuse") {
+				if _, minor, ok := strings.Cut(mounts[i].Dev, ":"); ok {
+					os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0o200)
+				}
+			}
+			if err := syscall.Unmount(mounts[i].MountPoint, syscall.MNT_DETACH); err != nil {
+				exec.Command("fusermount3", "-u", "-z", mounts[i].MountPoint).Run()
+			}
+		}
+	}
+}
+
+// pidsMentioning lists the processes (other than this one) with an
+// argument equal to or below dir.
+func pidsMentioning(dir string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		for _, arg := range bytes.Split(b, []byte{0}) {
+			if a := string(arg); a == dir || strings.HasPrefix(a, dir+"/") {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// pidOf finds the process with the given arguments in its command line
+// (e.g. "--dir", "/x/data2").
+func pidOf(args ...string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		cmdline := "\x00" + string(b)
+		if strings.Contains(cmdline, "\x00"+strings.Join(args, "\x00")+"\x00") {
+			return pid
+		}
+	}
+	return 0
+}

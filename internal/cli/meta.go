@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/weft-fs/weft/cluster"
+	"github.com/weft-fs/weft/meta"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// defaultMetaListen is where "weft meta" listens unless told otherwise.
+const defaultMetaListen = "127.0.0.1:7000"
+
+// metaFlags are the flags of "weft meta".
+type metaFlags struct {
+	dir               string
+	listen            string
+	heartbeatInterval time.Duration
+	failureTimeout    time.Duration
+	sessionLease      time.Duration
+	chunkSize         string
+	stripeCount       uint32
+	debug             bool
+}
+
+func newMetaCmd() *cobra.Command {
+	var f metaFlags
+	cmd := &cobra.Command{
+		Use:   "meta --dir DIR [--listen ADDR]",
+		Short: "Run the metadata service (namespace, sessions, cluster manager)",
+		Long: `Run the metadata service in the foreground until SIGINT or SIGTERM.
+
+It keeps all its state under --dir and writes the address it listens on to
+DIR/address once it accepts connections. Data servers (weft data --meta ADDR)
+register with it; clients (weft mount --meta ADDR) talk to it.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runMeta(cmd.Context(), cmd, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "dir", "", "directory of the service's state (required)")
+	fl.StringVar(&f.listen, "listen", defaultMetaListen, "address to listen on (host:port; port 0 lets the system pick)")
+	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", time.Second, "how often data servers report to the meta service")
+	fl.DurationVar(&f.failureTimeout, "failure-timeout", 5*time.Second, "a data server without heartbeat for this long is offline")
+	fl.DurationVar(&f.sessionLease, "session-lease", 30*time.Second, "a client session not renewed for this long expires")
+	fl.StringVar(&f.chunkSize, "chunk-size", "1MiB", "chunk size of the cluster's default layout (power of two, 64KiB..64MiB)")
+	fl.Uint32Var(&f.stripeCount, "stripe-count", 4, "stripe count of the cluster's default layout (chains per file, at least 1)")
+	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
+	return cmd
+}
+
+// defaultLayout validates the layout flags shared by meta and up.
+func defaultLayout(chunkSize string, stripeCount uint32) (*weftv1.Layout, error) {
+	cs, err := parseChunkSize(chunkSize)
+	if err != nil {
+		return nil, usagef("--chunk-size: %v", err)
+	}
+	if stripeCount < 1 {
+		return nil, usagef("--stripe-count must be at least 1, got %d", stripeCount)
+	}
+	return &weftv1.Layout{ChunkSize: cs, StripeCount: stripeCount, Replicas: 1}, nil
+}
+
+func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
+	if f.dir == "" {
+		return usagef("--dir is required: the directory where the meta service keeps its state")
+	}
+	layout, err := defaultLayout(f.chunkSize, f.stripeCount)
+	if err != nil {
+		return err
+	}
+	if f.heartbeatInterval <= 0 || f.failureTimeout <= f.heartbeatInterval {
+		return usagef("--failure-timeout (%v) must be longer than --heartbeat-interval (%v), and both positive", f.failureTimeout, f.heartbeatInterval)
+	}
+	if f.sessionLease <= 0 {
+		return usagef("--session-lease must be positive, got %v", f.sessionLease)
+	}
+	if err := ensureDir(f.dir, "--dir"); err != nil {
+		return err
+	}
+	log := newLogger(cmd.ErrOrStderr(), f.debug)
+	svc, err := meta.Open(ctx, meta.Config{
+		Dir:           f.dir,
+		DefaultLayout: layout,
+		Cluster: cluster.Config{
+			HeartbeatInterval: f.heartbeatInterval,
+			FailureTimeout:    f.failureTimeout,
+			Logger:            log,
+		},
+		SessionLease: f.sessionLease,
+		Logger:       log,
+	})
+	if err != nil {
+		return failure("open the meta service in "+f.dir, err, "check that no other weft meta uses this directory and that it is writable")
+	}
+	defer svc.Close()
+	lis, err := listen(f.listen, "--listen")
+	if err != nil {
+		return err
+	}
+	addr := lis.Addr().String()
+	if err := writeAddressFile(f.dir, addr); err != nil {
+		lis.Close()
+		return failure("start the meta service", err, "check that "+f.dir+" is writable")
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "weft meta listening on %s (dir %s)\n", addr, f.dir)
+	if err := svc.Serve(ctx, lis); err != nil && ctx.Err() == nil {
+		return failure("meta service on "+addr, err, "see the log above for the cause, then start weft meta again")
+	}
+	log.Info("meta service stopped")
+	return nil
+}

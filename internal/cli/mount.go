@@ -1,0 +1,240 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/weft-fs/weft/client"
+	"github.com/weft-fs/weft/mount"
+)
+
+// mountFlags are the flags of "weft mount".
+type mountFlags struct {
+	metaAddr     string
+	allowOther   bool
+	attrTimeout  time.Duration
+	entryTimeout time.Duration
+	debug        bool
+}
+
+func newMountCmd() *cobra.Command {
+	var f mountFlags
+	cmd := &cobra.Command{
+		Use:   "mount --meta ADDR MOUNTPOINT",
+		Short: "Mount a weft file system with FUSE (in the foreground)",
+		Long: `Mount the weft file system of the meta service at --meta on MOUNTPOINT.
+
+Runs in the foreground until SIGINT or SIGTERM, or until the file system is
+unmounted (umount / fusermount3 -u); then it flushes what is buffered and
+unmounts cleanly. As root it mounts directly; as a user it needs fusermount3.`,
+		Args: exactArgs(1, "the MOUNTPOINT directory"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runMount(cmd.Context(), cmd, f, args[0])
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.metaAddr, "meta", "", "address of the meta service, host:port (required)")
+	fl.BoolVar(&f.allowOther, "allow-other", false, "let every user of the machine use the mount (needs root or user_allow_other in /etc/fuse.conf)")
+	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
+	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
+	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	return cmd
+}
+
+func runMount(ctx context.Context, cmd *cobra.Command, f mountFlags, dir string) error {
+	if f.metaAddr == "" {
+		return usagef("--meta is required: the address (host:port) of the meta service")
+	}
+	if f.attrTimeout < 0 || f.entryTimeout < 0 {
+		return usagef("--attr-timeout and --entry-timeout must not be negative")
+	}
+	if f.allowOther && os.Geteuid() != 0 && !userAllowOther() {
+		return failure("mount with --allow-other", errors.New("/etc/fuse.conf does not contain user_allow_other"),
+			"add the line user_allow_other to /etc/fuse.conf, run as root, or mount without --allow-other")
+	}
+	log := newLogger(cmd.ErrOrStderr(), f.debug)
+	m, err := mountWeft(ctx, f.metaAddr, dir, mount.Options{
+		AllowOther:   f.allowOther,
+		AttrTimeout:  f.attrTimeout,
+		EntryTimeout: f.entryTimeout,
+		Debug:        f.debug,
+		FsName:       "weft",
+	}, log)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "weft mounted on %s (meta %s); stop with Ctrl-C or umount %s\n", m.dir, f.metaAddr, m.dir)
+	return m.serve(ctx, cmd.ErrOrStderr())
+}
+
+// mounted is a live weft mount of this process.
+type mounted struct {
+	dir    string
+	client *client.Client
+	fs     *mount.FS
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the kernel connection ends
+}
+
+// mountWeft connects to the meta service at metaAddr and mounts the file
+// system on dir, cleaning up a stale mount left there by a process that
+// died.
+func mountWeft(ctx context.Context, metaAddr, dir string, opts mount.Options, log *slog.Logger) (*mounted, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, failure("mount on "+dir, err, "give a valid directory")
+	}
+	dir = abs
+	// The FUSE adapter logs through the default logger: send it where
+	// this command's log goes.
+	slog.SetDefault(log)
+	if err := prepareMountPoint(dir); err != nil {
+		return nil, err
+	}
+	// The client outlives a cancelled ctx: it must still flush and close
+	// its session after SIGINT.
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c, err := client.New(cctx, client.Config{MetaAddr: metaAddr, MountPoint: dir, Logger: log})
+	if err != nil {
+		cancel()
+		return nil, metaUnreachable(metaAddr, err)
+	}
+	fs, err := mount.Mount(c, dir, opts)
+	if err != nil {
+		c.Close()
+		cancel()
+		todo := "check that fuse3 is installed (/dev/fuse and fusermount3) and that the directory is not in use"
+		if os.Geteuid() != 0 {
+			todo = "install fuse3 (fusermount3) or run as root, and check that you own the directory"
+		}
+		return nil, failure("mount weft on "+dir, err, todo)
+	}
+	if err := writeMountRecord(dir, metaAddr); err != nil {
+		log.Warn("cannot record the mount; weft layout will need --meta", "err", err)
+	}
+	m := &mounted{dir: dir, client: c, fs: fs, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		fs.Wait()
+		close(m.done)
+	}()
+	return m, nil
+}
+
+// serve waits until ctx ends (then unmounts) or the file system is
+// unmounted from outside, and closes the client (flushing its buffers).
+func (m *mounted) serve(ctx context.Context, stderr io.Writer) error {
+	select {
+	case <-ctx.Done():
+		m.unmount(stderr)
+	case <-m.done:
+		fmt.Fprintf(stderr, "weft: %s was unmounted\n", m.dir)
+	}
+	return m.close()
+}
+
+// unmount unmounts, retrying while the mount is busy, and detaches it
+// lazily as a last resort so that no dead mount is left behind.
+func (m *mounted) unmount(stderr io.Writer) {
+	var err error
+	for i := 0; i < 10; i++ {
+		if err = m.fs.Unmount(); err == nil {
+			break
+		}
+		select {
+		case <-m.done:
+			// Unmounted, but buffered writes could not all be flushed.
+			fmt.Fprintf(stderr, "weft: %v\n", oneLine(err.Error()))
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "weft: unmount %s: %v; detaching it lazily (it goes away when the last file on it is closed)\n", m.dir, oneLine(err.Error()))
+		if lerr := lazyUnmount(m.dir); lerr != nil {
+			fmt.Fprintf(stderr, "weft: %v; unmount it by hand with umount -l %s\n", lerr, m.dir)
+		}
+	}
+	select {
+	case <-m.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// close flushes and closes the client after the mount is gone.
+func (m *mounted) close() error {
+	removeMountRecord(m.dir)
+	err := m.client.Close()
+	m.cancel()
+	if err != nil {
+		return failure("flush and close the client of "+m.dir, err, "data written just before the stop may be lost; check the data servers with weft status")
+	}
+	return nil
+}
+
+// prepareMountPoint checks that dir is a directory to mount on, creating
+// it if missing and detaching a dead FUSE mount left on it.
+func prepareMountPoint(dir string) error {
+	_, err := os.Stat(dir)
+	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+		if uerr := lazyUnmount(dir); uerr != nil {
+			return failure("mount on "+dir, fmt.Errorf("a dead mount is in the way: %w", uerr), "unmount it with umount -l "+dir)
+		}
+		_, err = os.Stat(dir)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return failure("create mount point "+dir, err, "create it yourself or choose another directory")
+		}
+		return nil
+	}
+	if err != nil {
+		return failure("mount on "+dir, err, "choose another directory")
+	}
+	if mp, err := findWeftMount(dir); err == nil && mp == dir {
+		return failure("mount on "+dir, errors.New("a weft file system is already mounted there"), "unmount it first or choose another directory")
+	}
+	return nil
+}
+
+// metaUnreachable explains a failure to talk to the meta service.
+func metaUnreachable(addr string, err error) error {
+	return failure("cannot reach the meta service at "+addr, errors.New(grpcMessage(err)),
+		"is weft meta running? start it with weft up or weft meta")
+}
+
+// userAllowOther reports whether /etc/fuse.conf lets users mount with
+// allow_other.
+func userAllowOther() bool {
+	b, err := os.ReadFile("/etc/fuse.conf")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) == "user_allow_other" {
+			return true
+		}
+	}
+	return false
+}
+
+func lookPath(prog string) (string, error) { return exec.LookPath(prog) }
+
+// runQuiet runs a program and returns its output as the error if it fails.
+func runQuiet(prog string, args ...string) error {
+	out, err := exec.Command(prog, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", prog, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

@@ -1,0 +1,416 @@
+// Package testcluster starts a weft cluster inside a test process: the
+// meta service and data servers run the same Open/Serve code as the
+// daemons, over real gRPC on 127.0.0.1 listeners, with their state in the
+// test's temporary directory; optionally the file system is mounted with
+// FUSE. Everything is stopped and unmounted when the test ends.
+package testcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-fs/weft/client"
+	"github.com/weft-fs/weft/cluster"
+	"github.com/weft-fs/weft/data"
+	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/meta"
+	"github.com/weft-fs/weft/mount"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Options configures a test cluster. Zero values take the defaults.
+type Options struct {
+	// DataServers is the number of data servers; default 3.
+	DataServers int
+	// ChunkSize and StripeCount set the cluster's default layout; zero
+	// keeps the meta service's defaults (1 MiB, 4).
+	ChunkSize   uint32
+	StripeCount uint32
+	// Mount mounts the file system with FUSE in a temporary directory
+	// (skipping the test if FUSE is not available).
+	Mount bool
+	// MountOptions are passed to mount.Mount; FsName defaults to "weft".
+	MountOptions mount.Options
+	// HeartbeatInterval and FailureTimeout configure the cluster manager;
+	// defaults 200ms and 2s, short to keep tests fast.
+	HeartbeatInterval time.Duration
+	FailureTimeout    time.Duration
+	// Logger receives every component's log; default: warnings and errors
+	// to t.Log ($WEFT_TEST_LOG=debug|info for more).
+	Logger *slog.Logger
+}
+
+// Cluster is a running test cluster. Its methods may be called from the
+// test goroutine; they fail the test on error.
+type Cluster struct {
+	t    testing.TB
+	opts Options
+	dir  string
+	log  *slog.Logger
+
+	metaAddr string
+	metaSvc  *meta.Service
+	metaStop context.CancelFunc
+	metaDone chan error
+
+	mu   sync.Mutex
+	data []*dataServer
+
+	mountDir    string
+	mountClient *client.Client
+	mnt         *mount.FS
+	mntDone     chan struct{}
+}
+
+// dataServer is one in-process data server.
+type dataServer struct {
+	dir  string
+	addr string // last address it listened on
+	stop context.CancelFunc
+	done chan error // nil while stopped
+}
+
+// Start starts a cluster and registers its shutdown with t.Cleanup. It
+// returns once every data server is online in the meta service's status
+// (and the file system is mounted if asked).
+func Start(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.DataServers <= 0 {
+		opts.DataServers = 3
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = 200 * time.Millisecond
+	}
+	if opts.FailureTimeout <= 0 {
+		opts.FailureTimeout = 2 * time.Second
+	}
+	if opts.MountOptions.FsName == "" {
+		opts.MountOptions.FsName = "weft"
+	}
+	c := &Cluster{t: t, opts: opts, dir: t.TempDir()}
+	c.log = opts.Logger
+	if c.log == nil {
+		c.log = newTestLogger(t)
+	}
+	t.Cleanup(c.shutdown)
+
+	c.startMeta()
+	for i := 0; i < opts.DataServers; i++ {
+		ds := &dataServer{dir: filepath.Join(c.dir, "data"+strconv.Itoa(i+1))}
+		c.data = append(c.data, ds)
+		c.startData(ds, "127.0.0.1:0")
+	}
+	c.WaitOnline(opts.DataServers)
+	if opts.Mount {
+		c.mount()
+	}
+	return c
+}
+
+func (c *Cluster) startMeta() {
+	c.t.Helper()
+	layout := &weftv1.Layout{ChunkSize: c.opts.ChunkSize, StripeCount: c.opts.StripeCount}
+	svc, err := meta.Open(context.Background(), meta.Config{
+		Dir:           filepath.Join(c.dir, "meta"),
+		DefaultLayout: layout,
+		Cluster:       cluster.Config{HeartbeatInterval: c.opts.HeartbeatInterval, FailureTimeout: c.opts.FailureTimeout, Logger: c.log},
+		Logger:        c.log,
+	})
+	if err != nil {
+		c.t.Fatalf("testcluster: open meta service: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		svc.Close()
+		c.t.Fatalf("testcluster: listen for meta service: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, lis) }()
+	c.metaAddr, c.metaSvc, c.metaStop, c.metaDone = lis.Addr().String(), svc, cancel, done
+}
+
+// startData starts ds listening on addr (its previous address on restart,
+// when still free).
+func (c *Cluster) startData(ds *dataServer, addr string) {
+	c.t.Helper()
+	srv, err := data.Open(data.Config{Dir: ds.dir, MetaAddr: c.metaAddr, Logger: c.log})
+	if err != nil {
+		c.t.Fatalf("testcluster: open data server in %s: %v", ds.dir, err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		lis, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		srv.Close()
+		c.t.Fatalf("testcluster: listen for data server: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	ds.addr, ds.stop, ds.done = lis.Addr().String(), cancel, done
+}
+
+func (c *Cluster) mount() {
+	c.t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		c.t.Skipf("testcluster: FUSE is not available (%v); install fuse3", err)
+	}
+	c.mountDir = filepath.Join(c.dir, "mnt")
+	if err := os.MkdirAll(c.mountDir, 0o755); err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.metaAddr, MountPoint: c.mountDir, Logger: c.log})
+	if err != nil {
+		c.t.Fatalf("testcluster: client for the mount: %v", err)
+	}
+	m, err := mount.Mount(cl, c.mountDir, c.opts.MountOptions)
+	if err != nil {
+		cl.Close()
+		c.t.Fatalf("testcluster: mount on %s: %v", c.mountDir, err)
+	}
+	c.mountClient, c.mnt, c.mntDone = cl, m, make(chan struct{})
+	go func() {
+		m.Wait()
+		close(c.mntDone)
+	}()
+}
+
+// MetaAddr is the meta service's address.
+func (c *Cluster) MetaAddr() string { return c.metaAddr }
+
+// Meta is the in-process meta service.
+func (c *Cluster) Meta() *meta.Service { return c.metaSvc }
+
+// Dir is the directory holding every server's state.
+func (c *Cluster) Dir() string { return c.dir }
+
+// MountDir is where the file system is mounted ("" without Options.Mount).
+func (c *Cluster) MountDir() string { return c.mountDir }
+
+// MountClient is the client behind the FUSE mount (nil without a mount).
+func (c *Cluster) MountClient() *client.Client { return c.mountClient }
+
+// DataDir is the state directory (and target) of data server i (0-based).
+func (c *Cluster) DataDir(i int) string { return c.data[i].dir }
+
+// DataAddr is the address data server i (0-based) listens on, or last
+// listened on if stopped.
+func (c *Cluster) DataAddr(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.data[i].addr
+}
+
+// NewClient returns a new client of the cluster (its own session), closed
+// when the test ends.
+func (c *Cluster) NewClient() *client.Client {
+	c.t.Helper()
+	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.metaAddr, MountPoint: "testcluster:" + c.t.Name(), Logger: c.log})
+	if err != nil {
+		c.t.Fatalf("testcluster: new client: %v", err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// Status asks the meta service for the cluster status.
+func (c *Cluster) Status() *weftv1.StatusResponse {
+	c.t.Helper()
+	cc, err := rpc.Dial(c.metaAddr)
+	if err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := weftv1.NewMetaClient(cc).Status(ctx, &weftv1.StatusRequest{})
+	if err != nil {
+		c.t.Fatalf("testcluster: status: %v", err)
+	}
+	return st
+}
+
+// WaitOnline waits until the meta service reports n data servers online.
+func (c *Cluster) WaitOnline(n int) {
+	c.t.Helper()
+	c.waitServers(func(online int) bool { return online >= n }, fmt.Sprintf("%d data servers online", n))
+}
+
+// WaitOffline waits until the meta service reports at most n data servers
+// online (after StopData, once the failure timeout has passed).
+func (c *Cluster) WaitOffline(n int) {
+	c.t.Helper()
+	c.waitServers(func(online int) bool { return online <= n }, fmt.Sprintf("at most %d data servers online", n))
+}
+
+func (c *Cluster) waitServers(ok func(online int) bool, what string) {
+	c.t.Helper()
+	cc, err := rpc.Dial(c.metaAddr)
+	if err != nil {
+		c.t.Fatalf("testcluster: %v", err)
+	}
+	defer cc.Close()
+	mc := weftv1.NewMetaClient(cc)
+	deadline := time.Now().Add(30*time.Second + 2*c.opts.FailureTimeout)
+	online := 0
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := mc.Status(ctx, &weftv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			online = 0
+			for _, s := range st.GetServers() {
+				if s.GetOnline() {
+					online++
+				}
+			}
+			if ok(online) {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatalf("testcluster: timed out waiting for %s (%d online)", what, online)
+}
+
+// StopData stops data server i (0-based) gracefully; its state stays.
+func (c *Cluster) StopData(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	ds := c.data[i]
+	c.mu.Unlock()
+	if ds.done == nil {
+		c.t.Fatalf("testcluster: data server %d is already stopped", i)
+	}
+	ds.stop()
+	if err := <-ds.done; err != nil {
+		c.t.Errorf("testcluster: data server %d stopped with: %v", i, err)
+	}
+	ds.done = nil
+}
+
+// StartData starts stopped data server i (0-based) again on the same
+// directory (same identity), on its previous address when free, and waits
+// until it listens.
+func (c *Cluster) StartData(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	ds := c.data[i]
+	c.mu.Unlock()
+	if ds.done != nil {
+		c.t.Fatalf("testcluster: data server %d is running", i)
+	}
+	c.startData(ds, ds.addr)
+}
+
+// shutdown unmounts, closes the mount's client and stops every server. It
+// never leaves a mount behind: a mount that will not go away is detached.
+func (c *Cluster) shutdown() {
+	if c.mnt != nil {
+		var err error
+		for i := 0; i < 20; i++ {
+			if err = c.mnt.Unmount(); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			c.t.Errorf("testcluster: unmount %s: %v; detaching it", c.mountDir, err)
+			syscall.Unmount(c.mountDir, syscall.MNT_DETACH)
+		}
+		select {
+		case <-c.mntDone:
+		case <-time.After(10 * time.Second):
+			c.t.Errorf("testcluster: the FUSE server of %s did not stop", c.mountDir)
+		}
+		if err := c.mountClient.Close(); err != nil {
+			c.t.Errorf("testcluster: close the mount's client: %v", err)
+		}
+	}
+	for i, ds := range c.data {
+		if ds.done != nil {
+			ds.stop()
+			if err := <-ds.done; err != nil && !errors.Is(err, context.Canceled) {
+				c.t.Errorf("testcluster: data server %d: %v", i, err)
+			}
+			ds.done = nil
+		}
+	}
+	if c.metaStop != nil {
+		c.metaStop()
+		if err := <-c.metaDone; err != nil && !errors.Is(err, context.Canceled) {
+			c.t.Errorf("testcluster: meta service: %v", err)
+		}
+	}
+	if tl, ok := c.log.Handler().(*testHandler); ok {
+		tl.w.close()
+	}
+}
+
+// newTestLogger logs to t.Log at the level of $WEFT_TEST_LOG (default
+// warn), and drops lines once the test is over.
+func newTestLogger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	switch strings.ToLower(os.Getenv("WEFT_TEST_LOG")) {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "error":
+		level = slog.LevelError
+	}
+	w := &tbWriter{t: t}
+	return slog.New(&testHandler{Handler: slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}), w: w})
+}
+
+// testHandler is a slog handler whose writer can be closed.
+type testHandler struct {
+	slog.Handler
+	w *tbWriter
+}
+
+func (h *testHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &testHandler{Handler: h.Handler.WithAttrs(as), w: h.w}
+}
+
+func (h *testHandler) WithGroup(name string) slog.Handler {
+	return &testHandler{Handler: h.Handler.WithGroup(name), w: h.w}
+}
+
+// tbWriter writes log lines to t.Log until closed.
+type tbWriter struct {
+	mu     sync.Mutex
+	t      testing.TB
+	closed bool
+}
+
+var _ io.Writer = (*tbWriter)(nil)
+
+func (w *tbWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.closed {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *tbWriter) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+}
