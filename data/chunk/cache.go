@@ -7,8 +7,10 @@ import (
 )
 
 // chunkFile is an open chunk: its data file, its checksum file and its
-// length. size changes only under the chunk's write lock and is read under
-// its read lock.
+// length. Its fields are used only under the chunk's lock (read lock for
+// reads), never by lockless callers such as SyncFile: a mutation may swap
+// crc (migrate), and truncate, delete, Replace and Verify drop the file
+// from the cache, after which it is closed by its last user.
 type chunkFile struct {
 	key  cacheKey
 	data *os.File

@@ -217,7 +217,7 @@ func (t *Target) deleteChunks(ino uint64, match func(*chunkFile) bool) error {
 		}
 	}
 	// Fails while chunks of other chains remain; a concurrent creation
-	// retries its Mkdir (see openChunk).
+	// retries its Mkdir (see createInInoDir).
 	os.Remove(t.inoDir(ino))
 	return nil
 }
@@ -247,6 +247,13 @@ func (t *Target) deleteChunk(id ID, match func(*chunkFile) bool) error {
 // SyncFile makes every chunk of ino written on this target since its last
 // sync durable: fdatasync of the chunk files, then fsync of the directories
 // that got new entries.
+//
+// It takes no chunk lock (a write holding its chunk while it forwards, or
+// an empty write with sync, calls it), so it never touches the cache of
+// open files: their fields are used only under the chunk's lock, and a
+// mutation may replace (migrate) or close (truncate, delete, Replace) them
+// meanwhile. It opens the chunk files by path instead; fdatasync of any
+// descriptor of a file flushes what was written through every other.
 func (t *Target) SyncFile(ino uint64) error {
 	t.syncMu.Lock()
 	dirty := t.dirty[ino]
@@ -254,7 +261,7 @@ func (t *Target) SyncFile(ino uint64) error {
 	t.syncMu.Unlock()
 	for idx := range dirty {
 		id := ID{Ino: ino, Index: idx}
-		if err := t.syncByID(id); err != nil {
+		if err := t.syncByPath(id); err != nil {
 			for idx := range dirty {
 				t.markDirty(ID{Ino: ino, Index: idx})
 			}
@@ -264,11 +271,10 @@ func (t *Target) SyncFile(ino uint64) error {
 	return t.syncEntries(ino)
 }
 
-func (t *Target) syncByID(id ID) error {
-	if f := t.store.files.get(cacheKey{t, id}); f != nil {
-		defer t.store.files.release(f)
-		return t.syncChunk(f, id)
-	}
+// syncByPath fdatasyncs chunk id's files through descriptors of its own.
+// A chunk removed meanwhile has nothing left to sync; one replaced
+// meanwhile was synced by Replace.
+func (t *Target) syncByPath(id ID) error {
 	path := t.chunkPath(id)
 	for _, p := range []string{path, path + ".crc"} {
 		file, err := os.Open(p)
@@ -278,7 +284,7 @@ func (t *Target) syncByID(id ID) error {
 		if err != nil {
 			return t.ioError(fmt.Sprintf("open %v for sync", id), err)
 		}
-		err = syscall.Fdatasync(int(file.Fd()))
+		err = fdatasync(file)
 		file.Close()
 		if err != nil {
 			return t.ioError(fmt.Sprintf("sync %v", id), err)
@@ -287,15 +293,38 @@ func (t *Target) syncByID(id ID) error {
 	return nil
 }
 
-// syncChunk fdatasyncs the chunk's data and checksum files. Callers that
-// hold the chunk exclusively then clear its dirty mark; SyncFile does not
-// (it took the marks before syncing, and a write racing with it marks anew).
+// syncChunk fdatasyncs the chunk's data and checksum files. The caller
+// holds the chunk exclusively, and then clears its dirty mark.
 func (t *Target) syncChunk(f *chunkFile, id ID) error {
-	if err := syscall.Fdatasync(int(f.data.Fd())); err != nil {
+	if err := fdatasync(f.data); err != nil {
 		return t.ioError(fmt.Sprintf("sync %v", id), err)
 	}
-	if err := syscall.Fdatasync(int(f.crc.Fd())); err != nil {
+	if err := fdatasync(f.crc); err != nil {
 		return t.ioError(fmt.Sprintf("sync checksums of %v", id), err)
+	}
+	return nil
+}
+
+// fdatasync flushes f's data (and the metadata needed to read it back).
+// The descriptor is held for the call, so a concurrent Close makes it fail
+// with os.ErrClosed instead of syncing whatever file reuses the number.
+func fdatasync(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			if serr = syscall.Fdatasync(int(fd)); serr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return &os.PathError{Op: "fdatasync", Path: f.Name(), Err: serr}
 	}
 	return nil
 }

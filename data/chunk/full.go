@@ -151,16 +151,14 @@ func (l *Locked) Replace(full Full) error {
 		}
 		return t.syncInoDir(id.Ino)
 	}
-	newDir := false
-	if err := os.Mkdir(t.inoDir(id.Ino), 0o755); err == nil {
-		newDir = true
-	} else if !errors.Is(err, fs.ErrExist) {
-		return t.ioError(fmt.Sprintf("create directory for %v", id), err)
-	}
 	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data))}
 	hb := h.encode()
 	crc := append(hb[:], blockSums(full.Data)...)
-	data, err := writeTemp(path, full.Data)
+	var data *os.File
+	newDir, err := t.createInInoDir(id, func() (err error) {
+		data, err = writeTemp(path, full.Data)
+		return err
+	})
 	if err != nil {
 		return t.ioError(fmt.Sprintf("write copy of %v", id), err)
 	}

@@ -36,19 +36,15 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 	path := t.chunkPath(id)
 	created := false
 	data, err := os.OpenFile(path, os.O_RDWR, 0)
-	for attempt := 0; errors.Is(err, fs.ErrNotExist) && attempt < 3; attempt++ {
+	if errors.Is(err, fs.ErrNotExist) {
 		if !create {
 			return nil, nil
 		}
-		newDir := false
-		if err := os.Mkdir(t.inoDir(id.Ino), 0o755); err == nil {
-			newDir = true
-		} else if !errors.Is(err, fs.ErrExist) {
-			return nil, t.ioError(fmt.Sprintf("create directory for %v", id), err)
-		}
-		// A delete of the file's chunks in another chain may remove the
-		// directory between Mkdir and here: then try again.
-		data, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		var newDir bool
+		newDir, err = t.createInInoDir(id, func() (err error) {
+			data, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+			return err
+		})
 		if err == nil {
 			created = true
 			t.markNewEntry(id.Ino, newDir)
@@ -72,6 +68,30 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 		return nil, err
 	}
 	return t.store.files.add(f), nil
+}
+
+// maxCreateAttempts bounds how often createInInoDir tries again after the
+// directory it made was removed before it could create a file in it.
+const maxCreateAttempts = 64
+
+// createInInoDir makes the directory of chunk id's file if needed and runs
+// create, which creates a file in it. A delete of the file's chunks in
+// another chain removes the directory when it finds it empty, possibly
+// between the Mkdir and create: create then fails with ErrNotExist and
+// both are tried again. newDir reports that the directory was made here
+// (so its parent needs an fsync).
+func (t *Target) createInInoDir(id ID, create func() error) (newDir bool, err error) {
+	for attempt := 1; ; attempt++ {
+		if err := os.Mkdir(t.inoDir(id.Ino), 0o755); err == nil {
+			newDir = true
+		} else if !errors.Is(err, fs.ErrExist) {
+			return newDir, fmt.Errorf("create directory: %w", err)
+		}
+		err = create()
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || attempt == maxCreateAttempts {
+			return newDir, err
+		}
+	}
 }
 
 // loadHeader reads the header of a chunk just opened and checks the data

@@ -107,3 +107,33 @@ func TestReportsCorruption(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedCloseIsNotRepeated checks that reopen forgets a descriptor
+// whose close failed: close(2) frees the number even then, and closing it
+// again (closeAll, after the failure) could close a file that an
+// in-process file server opened meanwhile under the same number.
+func TestFailedCloseIsNotRepeated(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "exerciser-0")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	x := &exerciser{t: &fatalTB{TB: t}}
+	f := &file{path: p, fd: 1 << 30} // never open: its close fails with EBADF
+	x.files = []*file{f}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(stopped); !ok {
+					panic(r)
+				}
+			}
+		}()
+		x.reopen(f, 0)
+	}()
+	if msg := x.t.(*fatalTB).msg; !strings.Contains(msg, "close") {
+		t.Fatalf("reopen with a descriptor that fails to close reported %q", msg)
+	}
+	if f.fd != -1 {
+		t.Fatalf("after a failed close the file still has descriptor %d, which closeAll closes again", f.fd)
+	}
+}

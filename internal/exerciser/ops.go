@@ -254,10 +254,13 @@ func (x *exerciser) fsync(f *file) {
 func (x *exerciser) reopen(f *file, flags int) {
 	x.record("close+open %s flags %#x", f.path, flags)
 	if f.fd >= 0 {
-		if err := unix.Close(f.fd); err != nil {
+		// close(2) frees the number even when it fails: forget it first,
+		// so that closeAll does not close it again after the failure.
+		fd := f.fd
+		f.fd = -1
+		if err := unix.Close(fd); err != nil {
 			x.fail("close %s: %v", f.path, err)
 		}
-		f.fd = -1
 	}
 	fd, err := unix.Open(f.path, unix.O_RDWR|flags, 0)
 	if err != nil {
