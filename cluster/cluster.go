@@ -334,7 +334,7 @@ func (m *Manager) chainTable() *weftv1.ChainTable {
 	t := &weftv1.ChainTable{Version: m.tableVersion, Chains: make([]*weftv1.Chain, 0, len(m.chainIDs))}
 	for _, id := range m.chainIDs {
 		c := m.chains[id]
-		pc := &weftv1.Chain{Id: c.ID, Version: c.Version}
+		pc := &weftv1.Chain{Id: c.ID, Version: c.Version, Replicas: uint32(c.width())}
 		for _, mem := range c.Members {
 			pm := &weftv1.ChainMember{TargetId: mem.TargetID, State: mem.State}
 			if tg := m.targets[mem.TargetID]; tg != nil {

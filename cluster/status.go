@@ -25,9 +25,10 @@ func (m *Manager) Servers() []*weftv1.ServerStatus {
 		}
 		for _, id := range m.targetIDsOf(s.rec.ID) {
 			t := m.targets[id]
-			ts := &weftv1.TargetStatus{Id: id, Path: t.rec.Path, Online: m.targetOnline(id)}
+			ts := &weftv1.TargetStatus{Id: id, Path: t.rec.Path, Online: m.targetOnline(id), Removed: t.rec.Removed}
 			if r := t.report; r != nil {
 				ts.TotalBytes, ts.FreeBytes, ts.UsedBytes, ts.Chunks = r.total, r.free, r.used, r.chunks
+				ts.ScrubbedBytes, ts.ScrubErrors, ts.ScrubRepaired = r.scrubbed, r.scrubErrors, r.scrubRepaired
 			}
 			ss.Targets = append(ss.Targets, ts)
 		}

@@ -58,7 +58,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 
 Start a whole cluster on this machine with "weft up", or run the daemons
 separately: "weft meta", "weft data" and "weft mount". "weft status" shows
-the health of a cluster, "weft layout" the striping of files and directories.`,
+the health of a cluster, "weft layout" the striping and replicas of files and
+directories; "weft target remove" replaces a lost disk in its chains.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          noArgs,
@@ -79,6 +80,7 @@ the health of a cluster, "weft layout" the striping of files and directories.`,
 		newUpCmd(),
 		newStatusCmd(),
 		newLayoutCmd(),
+		newTargetCmd(),
 		newVersionCmd(),
 	)
 	return root

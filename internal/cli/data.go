@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/spf13/cobra"
 
@@ -18,6 +19,8 @@ type dataFlags struct {
 	site      string
 	rack      string
 	advertise string
+	syncBW    string
+	scrubRate string
 	debug     bool
 }
 
@@ -45,6 +48,8 @@ it listens on is written to DIR/address.`,
 	fl.StringVar(&f.site, "site", "", "site of this server (failure domain)")
 	fl.StringVar(&f.rack, "rack", "", "rack of this server (failure domain)")
 	fl.StringVar(&f.advertise, "advertise", "", "address clients use to reach this server (default: the listen address)")
+	fl.StringVar(&f.syncBW, "sync-bandwidth", "200MiB", "bytes per second this server sends to fill replicas that are syncing or being re-replicated (e.g. 50MiB)")
+	fl.StringVar(&f.scrubRate, "scrub-rate", "20MiB", "bytes per second the background scrub re-reads and verifies (0: no background scrub)")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
 	return cmd
 }
@@ -55,6 +60,26 @@ func runData(ctx context.Context, cmd *cobra.Command, f dataFlags) error {
 	}
 	if f.metaAddr == "" {
 		return usagef("--meta is required: the address (host:port) of the meta service")
+	}
+	syncBW, err := parseSize(f.syncBW)
+	if err != nil {
+		return usagef("--sync-bandwidth: %v", err)
+	}
+	if syncBW == 0 || syncBW > math.MaxInt64 {
+		return usagef("--sync-bandwidth must be a positive number of bytes per second such as 200MiB, got %q", f.syncBW)
+	}
+	scrubRate, err := parseSize(f.scrubRate)
+	if err != nil {
+		return usagef("--scrub-rate: %v", err)
+	}
+	if scrubRate > math.MaxInt64 {
+		return usagef("--scrub-rate %q is too large", f.scrubRate)
+	}
+	// 0 on the command line turns the background scrub off; in
+	// data.Config that is a negative rate (0 there means the default).
+	scrub := int64(scrubRate)
+	if scrub == 0 {
+		scrub = -1
 	}
 	if err := ensureDir(f.dir, "--dir"); err != nil {
 		return err
@@ -72,7 +97,10 @@ func runData(ctx context.Context, cmd *cobra.Command, f dataFlags) error {
 		Advertise: f.advertise,
 		Site:      f.site,
 		Rack:      f.rack,
-		Logger:    log,
+		// Sizes were checked against MaxInt64 above.
+		SyncBandwidth: int64(syncBW),
+		ScrubRate:     scrub,
+		Logger:        log,
 	})
 	if err != nil {
 		return failure("open the data server in "+f.dir, err, "check that the directory and targets are writable and no other weft data uses them")

@@ -109,6 +109,11 @@ func newLayoutSetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if want.Replicas > 1 && want.Replicas <= maxReplicas {
+				if err := checkReplicas(cmd, t, want.Replicas); err != nil {
+					return err
+				}
+			}
 			mc, closeConn, err := dialMeta(t.metaAddr)
 			if err != nil {
 				return err
@@ -133,6 +138,27 @@ func newLayoutSetCmd() *cobra.Command {
 	fl.StringVar(&chunkSize, "chunk-size", "", "chunk (stripe unit) size, e.g. 64KiB, 1MiB, 4M")
 	fl.Uint32Var(&replicas, "replicas", 0, "copies of every chunk")
 	return cmd
+}
+
+// checkReplicas refuses a replica count the cluster cannot hold (fewer
+// targets than copies), and warns when copies would have to share a data
+// server.
+func checkReplicas(cmd *cobra.Command, t layoutTarget, replicas uint32) error {
+	st, err := fetchStatus(cmd.Context(), t.metaAddr)
+	if err != nil {
+		return err
+	}
+	targets := len(targetIDs(st))
+	if targets < int(replicas) {
+		return failure("set the layout of "+t.path,
+			fmt.Errorf("%d replicas need at least %d data targets, and the cluster has %d", replicas, replicas, targets),
+			"start more data servers (weft data --meta "+t.metaAddr+" ...) or ask for fewer replicas")
+	}
+	if servers := len(st.GetServers()); servers < int(replicas) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "weft: warning: %d replicas on %d data servers: some copies share a server, and losing it loses them all; add data servers to spread them\n",
+			replicas, servers)
+	}
+	return nil
 }
 
 // layoutTarget is a PATH resolved to its weft inode and meta service.

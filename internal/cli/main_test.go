@@ -108,6 +108,7 @@ func TestScripts(t *testing.T) {
 			"waitmount":   cmdWaitMount,
 			"waitonline":  cmdWaitOnline,
 			"waitoffline": cmdWaitOffline,
+			"waithealthy": cmdWaitHealthy,
 			"mounted":     cmdMounted,
 			"envfile":     cmdEnvFile,
 		},
@@ -205,6 +206,47 @@ func cmdWaitOffline(ts *testscript.TestScript, neg bool, args []string) {
 	if err := waitServers(args[0], func(online int) bool { return online <= n }, scriptTimeout); err != nil {
 		ts.Fatalf("%v", err)
 	}
+}
+
+// cmdWaitHealthy waits until the meta service at ADDR reports HEALTH_OK,
+// or with REPLICAS until every chain of that width is healthy:
+// waithealthy ADDR [REPLICAS].
+func cmdWaitHealthy(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 1 || len(args) > 2 {
+		ts.Fatalf("usage: waithealthy ADDR [REPLICAS]")
+	}
+	var width uint32
+	if len(args) == 2 {
+		if _, err := fmt.Sscan(args[1], &width); err != nil {
+			ts.Fatalf("waithealthy: bad replica count %q", args[1])
+		}
+	}
+	ok := func(st *weftv1.StatusResponse) bool {
+		if width == 0 {
+			return healthLine(st) == healthOK
+		}
+		for _, s := range st.GetChainSummaries() {
+			if s.GetReplicas() == width {
+				return s.GetTotal() > 0 && s.GetHealthy() == s.GetTotal() && st.GetSyncBytesLeft() == 0
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(scriptTimeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		st, err := fetchStatus(context.Background(), args[0])
+		if err == nil {
+			if ok(st) {
+				return
+			}
+			last = healthLine(st)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	ts.Fatalf("timed out waiting for healthy chains at %s; last: %s", args[0], last)
 }
 
 // waitOnline polls the meta service at addr until n servers are online.

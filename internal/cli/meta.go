@@ -21,9 +21,11 @@ type metaFlags struct {
 	listen            string
 	heartbeatInterval time.Duration
 	failureTimeout    time.Duration
+	repairDelay       time.Duration
 	sessionLease      time.Duration
 	chunkSize         string
 	stripeCount       uint32
+	replicas          uint32
 	debug             bool
 }
 
@@ -47,15 +49,20 @@ register with it; clients (weft mount --meta ADDR) talk to it.`,
 	fl.StringVar(&f.listen, "listen", defaultMetaListen, "address to listen on (host:port; port 0 lets the system pick)")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", time.Second, "how often data servers report to the meta service")
 	fl.DurationVar(&f.failureTimeout, "failure-timeout", 5*time.Second, "a data server without heartbeat for this long is offline")
+	fl.DurationVar(&f.repairDelay, "repair-delay", 10*time.Minute, "a replica offline for this long is replaced by another target and re-replicated")
 	fl.DurationVar(&f.sessionLease, "session-lease", 30*time.Second, "a client session not renewed for this long expires")
 	fl.StringVar(&f.chunkSize, "chunk-size", "1MiB", "chunk size of the cluster's default layout (power of two, 64KiB..64MiB)")
 	fl.Uint32Var(&f.stripeCount, "stripe-count", 4, "stripe count of the cluster's default layout (chains per file, at least 1)")
+	fl.Uint32Var(&f.replicas, "replicas", 1, fmt.Sprintf("copies of every chunk in the cluster's default layout (1..%d)", maxReplicas))
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
 	return cmd
 }
 
+// maxReplicas is the most copies a layout may ask for.
+const maxReplicas = 8
+
 // defaultLayout validates the layout flags shared by meta and up.
-func defaultLayout(chunkSize string, stripeCount uint32) (*weftv1.Layout, error) {
+func defaultLayout(chunkSize string, stripeCount, replicas uint32) (*weftv1.Layout, error) {
 	cs, err := parseChunkSize(chunkSize)
 	if err != nil {
 		return nil, usagef("--chunk-size: %v", err)
@@ -63,19 +70,25 @@ func defaultLayout(chunkSize string, stripeCount uint32) (*weftv1.Layout, error)
 	if stripeCount < 1 {
 		return nil, usagef("--stripe-count must be at least 1, got %d", stripeCount)
 	}
-	return &weftv1.Layout{ChunkSize: cs, StripeCount: stripeCount, Replicas: 1}, nil
+	if replicas < 1 || replicas > maxReplicas {
+		return nil, usagef("--replicas must be between 1 and %d, got %d", maxReplicas, replicas)
+	}
+	return &weftv1.Layout{ChunkSize: cs, StripeCount: stripeCount, Replicas: replicas}, nil
 }
 
 func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 	if f.dir == "" {
 		return usagef("--dir is required: the directory where the meta service keeps its state")
 	}
-	layout, err := defaultLayout(f.chunkSize, f.stripeCount)
+	layout, err := defaultLayout(f.chunkSize, f.stripeCount, f.replicas)
 	if err != nil {
 		return err
 	}
 	if f.heartbeatInterval <= 0 || f.failureTimeout <= f.heartbeatInterval {
 		return usagef("--failure-timeout (%v) must be longer than --heartbeat-interval (%v), and both positive", f.failureTimeout, f.heartbeatInterval)
+	}
+	if f.repairDelay <= 0 {
+		return usagef("--repair-delay must be positive, got %v", f.repairDelay)
 	}
 	if f.sessionLease <= 0 {
 		return usagef("--session-lease must be positive, got %v", f.sessionLease)
@@ -90,6 +103,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		Cluster: cluster.Config{
 			HeartbeatInterval: f.heartbeatInterval,
 			FailureTimeout:    f.failureTimeout,
+			RepairDelay:       f.repairDelay,
 			Logger:            log,
 		},
 		SessionLease: f.sessionLease,
@@ -108,7 +122,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		lis.Close()
 		return failure("start the meta service", err, "check that "+f.dir+" is writable")
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "weft meta listening on %s (dir %s)\n", addr, f.dir)
+	fmt.Fprintf(cmd.OutOrStdout(), "weft meta listening on %s (dir %s, replicas %d)\n", addr, f.dir, layout.Replicas)
 	if err := svc.Serve(ctx, lis); err != nil && ctx.Err() == nil {
 		return failure("meta service on "+addr, err, "see the log above for the cause, then start weft meta again")
 	}

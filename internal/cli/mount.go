@@ -25,7 +25,41 @@ type mountFlags struct {
 	allowOther   bool
 	attrTimeout  time.Duration
 	entryTimeout time.Duration
+	client       clientSettings
 	debug        bool
+}
+
+// clientSettings are the client.Config fields weft mount and weft up set.
+type clientSettings struct {
+	onUnavailable      string        // client.OnUnavailableWait or Fail; "": the client's default
+	unavailableTimeout time.Duration // 0: the client's default
+}
+
+// addFlags defines --on-unavailable and --unavailable-timeout on cmd.
+func (s *clientSettings) addFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&s.onUnavailable, "on-unavailable", client.DefaultOnUnavailable,
+		"when no data server of a chain can be reached (replicas 1 and its server down, or every replica down): "+
+			"fail (EIO after --unavailable-timeout) or wait (block until it is back)")
+	fl.DurationVar(&s.unavailableTimeout, "unavailable-timeout", client.DefaultUnavailableTimeout,
+		"with --on-unavailable fail, how long I/O retries an unreachable chain before failing with EIO")
+}
+
+// check validates the flags.
+func (s clientSettings) check() error {
+	if s.onUnavailable != client.OnUnavailableWait && s.onUnavailable != client.OnUnavailableFail {
+		return usagef("--on-unavailable must be %s or %s, got %q", client.OnUnavailableWait, client.OnUnavailableFail, s.onUnavailable)
+	}
+	if s.unavailableTimeout <= 0 {
+		return usagef("--unavailable-timeout must be positive, got %v", s.unavailableTimeout)
+	}
+	return nil
+}
+
+// apply copies the settings into cfg.
+func (s clientSettings) apply(cfg *client.Config) {
+	cfg.OnUnavailable = s.onUnavailable
+	cfg.UnavailableTimeout = s.unavailableTimeout
 }
 
 func newMountCmd() *cobra.Command {
@@ -37,7 +71,12 @@ func newMountCmd() *cobra.Command {
 
 Runs in the foreground until SIGINT or SIGTERM, or until the file system is
 unmounted (umount / fusermount3 -u); then it flushes what is buffered and
-unmounts cleanly. As root it mounts directly; as a user it needs fusermount3.`,
+unmounts cleanly. As root it mounts directly; as a user it needs fusermount3.
+
+Files with replicas 2 or more keep working when a data server dies. When no
+data server of a chain can be reached (replicas 1 and its server down, or
+every replica down), --on-unavailable fail returns EIO after
+--unavailable-timeout, and --on-unavailable wait blocks until it is back.`,
 		Args: exactArgs(1, "the MOUNTPOINT directory"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runMount(cmd.Context(), cmd, f, args[0])
@@ -48,6 +87,7 @@ unmounts cleanly. As root it mounts directly; as a user it needs fusermount3.`,
 	fl.BoolVar(&f.allowOther, "allow-other", false, "let every user of the machine use the mount (needs root or user_allow_other in /etc/fuse.conf)")
 	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
 	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
+	f.client.addFlags(cmd)
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	return cmd
 }
@@ -58,6 +98,9 @@ func runMount(ctx context.Context, cmd *cobra.Command, f mountFlags, dir string)
 	}
 	if f.attrTimeout < 0 || f.entryTimeout < 0 {
 		return usagef("--attr-timeout and --entry-timeout must not be negative")
+	}
+	if err := f.client.check(); err != nil {
+		return err
 	}
 	if f.allowOther && os.Geteuid() != 0 && !userAllowOther() {
 		return failure("mount with --allow-other", errors.New("/etc/fuse.conf does not contain user_allow_other"),
@@ -70,7 +113,7 @@ func runMount(ctx context.Context, cmd *cobra.Command, f mountFlags, dir string)
 		EntryTimeout: f.entryTimeout,
 		Debug:        f.debug,
 		FsName:       "weft",
-	}, log)
+	}, f.client, log)
 	if err != nil {
 		return err
 	}
@@ -90,7 +133,7 @@ type mounted struct {
 // mountWeft connects to the meta service at metaAddr and mounts the file
 // system on dir, cleaning up a stale mount left there by a process that
 // died.
-func mountWeft(ctx context.Context, metaAddr, dir string, opts mount.Options, log *slog.Logger) (*mounted, error) {
+func mountWeft(ctx context.Context, metaAddr, dir string, opts mount.Options, cs clientSettings, log *slog.Logger) (*mounted, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, failure("mount on "+dir, err, "give a valid directory")
@@ -105,7 +148,9 @@ func mountWeft(ctx context.Context, metaAddr, dir string, opts mount.Options, lo
 	// The client outlives a cancelled ctx: it must still flush and close
 	// its session after SIGINT.
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c, err := client.New(cctx, client.Config{MetaAddr: metaAddr, MountPoint: dir, Logger: log})
+	cfg := client.Config{MetaAddr: metaAddr, MountPoint: dir, Logger: log}
+	cs.apply(&cfg)
+	c, err := client.New(cctx, cfg)
 	if err != nil {
 		cancel()
 		return nil, metaUnreachable(metaAddr, err)

@@ -24,11 +24,22 @@ const rpcTimeout = 10 * time.Second
 
 func newStatusCmd() *cobra.Command {
 	var metaAddr, dir string
-	var asJSON bool
+	var asJSON, listChains bool
 	cmd := &cobra.Command{
-		Use:   "status (--meta ADDR | --dir DIR) [--json]",
-		Short: "Show the health of a cluster: servers, targets, capacity, files",
-		Args:  noArgs,
+		Use:   "status (--meta ADDR | --dir DIR) [--chains] [--json]",
+		Short: "Show the health of a cluster: servers, targets, chains, capacity, files",
+		Long: `Show the health of a cluster in the spirit of ceph -s.
+
+The health line is HEALTH_OK; HEALTH_WARN when the cluster runs with less
+redundancy than asked (a data server offline, chains degraded or syncing) or
+the meta service warns about something; HEALTH_ERR when a chain has no
+serving member, so that the files on it cannot be read or written.
+
+Chains are counted per replica count: healthy (every member serving),
+degraded (a member offline or missing), syncing (a member copying what it
+missed) and unavailable. While members sync, the bytes left and an estimate
+of the time are shown. --chains lists every chain with its members.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			addr, err := resolveMetaAddr(metaAddr, dir)
 			if err != nil {
@@ -42,13 +53,17 @@ func newStatusCmd() *cobra.Command {
 				return writeStatusJSON(cmd.OutOrStdout(), addr, st)
 			}
 			writeStatusText(cmd.OutOrStdout(), addr, st)
+			if listChains {
+				writeChainList(cmd.OutOrStdout(), st)
+			}
 			return nil
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&metaAddr, "meta", "", "address of the meta service, host:port")
 	fl.StringVar(&dir, "dir", "", "cluster directory of weft up (or a weft meta --dir) to find the meta service in")
-	fl.BoolVar(&asJSON, "json", false, "print machine-readable JSON")
+	fl.BoolVar(&listChains, "chains", false, "list every chain with its version and members")
+	fl.BoolVar(&asJSON, "json", false, "print machine-readable JSON (with every chain)")
 	return cmd
 }
 
@@ -142,22 +157,17 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 	servers := append([]*weftv1.ServerStatus(nil), st.GetServers()...)
 	sort.Slice(servers, func(i, j int) bool { return servers[i].GetId() < servers[j].GetId() })
 	online := onlineCount(st)
-	health := "HEALTH_OK"
-	switch {
-	case len(servers) == 0:
-		health = "HEALTH_WARN: no data servers registered"
-	case online < len(servers):
-		health = fmt.Sprintf("HEALTH_WARN: %d of %d data servers offline", len(servers)-online, len(servers))
-	}
 	fmt.Fprintf(w, "cluster:\n")
 	fmt.Fprintf(w, "  id:       %s\n", st.GetClusterId())
-	fmt.Fprintf(w, "  health:   %s\n", health)
+	fmt.Fprintf(w, "  health:   %s\n", healthLine(st))
 	fmt.Fprintf(w, "  engine:   %s\n", st.GetEngine())
 	fmt.Fprintf(w, "  meta:     %s\n", addr)
 	fmt.Fprintf(w, "\nservers: %d/%d online, %d chains\n", online, len(servers), st.GetChains())
 	for _, s := range servers {
 		state := "online"
-		if !s.GetOnline() {
+		if retired(s) {
+			state = "retired (every target removed)"
+		} else if !s.GetOnline() {
 			state = "OFFLINE"
 			if ms := s.GetLastHeartbeatMs(); ms > 0 {
 				state += fmt.Sprintf(" (last heartbeat %s ago)", (time.Duration(ms) * time.Millisecond).Round(time.Second))
@@ -180,13 +190,18 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 		fmt.Fprintln(w, line)
 		for _, t := range s.GetTargets() {
 			tstate := ""
-			if !t.GetOnline() {
+			switch {
+			case t.GetRemoved():
+				tstate = "  REMOVED"
+			case !t.GetOnline():
 				tstate = "  OFFLINE"
 			}
 			fmt.Fprintf(w, "    target %d  used %s, free %s of %s, %d chunks%s  %s\n", t.GetId(),
 				formatSize(t.GetUsedBytes()), formatSize(t.GetFreeBytes()), formatSize(t.GetTotalBytes()), t.GetChunks(), tstate, t.GetPath())
+			fmt.Fprintf(w, "      %s\n", scrubString(t))
 		}
 	}
+	writeChainHealth(w, st)
 	fmt.Fprintf(w, "\ncapacity: used %s, free %s of %s (online targets)\n",
 		formatSize(st.GetUsedBytes()), formatSize(st.GetFreeBytes()), formatSize(st.GetTotalBytes()))
 	fmt.Fprintf(w, "\nnamespace:\n")
@@ -200,6 +215,8 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 // statusJSON is the --json form of weft status; field names are stable.
 type statusJSON struct {
 	ClusterID     string       `json:"cluster_id"`
+	Health        string       `json:"health"`
+	HealthReasons []string     `json:"health_reasons"`
 	Engine        string       `json:"engine"`
 	MetaAddress   string       `json:"meta_address"`
 	ServersOnline int          `json:"servers_online"`
@@ -214,6 +231,38 @@ type statusJSON struct {
 	Sessions      uint64       `json:"sessions"`
 	GCPending     uint64       `json:"gc_pending"`
 	DefaultLayout *layoutJSON  `json:"default_layout,omitempty"`
+	// ChainSummaries counts the chains of each replica count by health.
+	ChainSummaries []chainSummaryJSON `json:"chain_summaries"`
+	SyncBytesLeft  uint64             `json:"sync_bytes_left"`
+	// SyncETAMs estimates the time the sync takes: 0 nothing left, -1
+	// rate not known yet.
+	SyncETAMs int64       `json:"sync_eta_ms"`
+	Warnings  []string    `json:"warnings"`
+	ChainList []chainJSON `json:"chain_list"`
+}
+
+type chainSummaryJSON struct {
+	Replicas    uint32 `json:"replicas"`
+	Total       uint32 `json:"total"`
+	Healthy     uint32 `json:"healthy"`
+	Degraded    uint32 `json:"degraded"`
+	Syncing     uint32 `json:"syncing"`
+	Unavailable uint32 `json:"unavailable"`
+}
+
+type chainJSON struct {
+	ID       uint64       `json:"id"`
+	Version  uint64       `json:"version"`
+	Replicas uint32       `json:"replicas"`
+	State    string       `json:"state"`
+	Members  []memberJSON `json:"members"`
+}
+
+type memberJSON struct {
+	TargetID uint64 `json:"target_id"`
+	ServerID uint64 `json:"server_id"`
+	Address  string `json:"address"`
+	State    string `json:"state"`
 }
 
 type serverJSON struct {
@@ -231,10 +280,15 @@ type targetJSON struct {
 	ID         uint64 `json:"id"`
 	Path       string `json:"path"`
 	Online     bool   `json:"online"`
+	Removed    bool   `json:"removed"`
 	TotalBytes uint64 `json:"total_bytes"`
 	FreeBytes  uint64 `json:"free_bytes"`
 	UsedBytes  uint64 `json:"used_bytes"`
 	Chunks     uint64 `json:"chunks"`
+	// Background scrub counters as last reported.
+	ScrubbedBytes uint64 `json:"scrubbed_bytes"`
+	ScrubErrors   uint64 `json:"scrub_errors"`
+	ScrubRepaired uint64 `json:"scrub_repaired"`
 }
 
 type layoutJSON struct {
@@ -258,14 +312,33 @@ func writeStatusJSON(w io.Writer, addr string, st *weftv1.StatusResponse) error 
 		ServersOnline: onlineCount(st), ServersTotal: len(st.GetServers()), Servers: []serverJSON{},
 		Chains: st.GetChains(), TotalBytes: st.GetTotalBytes(), FreeBytes: st.GetFreeBytes(), UsedBytes: st.GetUsedBytes(),
 		Files: st.GetFiles(), Directories: st.GetDirectories(), Sessions: st.GetSessions(), GCPending: st.GetGcPending(),
-		DefaultLayout: toLayoutJSON(st.GetDefaultLayout()),
+		DefaultLayout:  toLayoutJSON(st.GetDefaultLayout()),
+		ChainSummaries: []chainSummaryJSON{}, SyncBytesLeft: st.GetSyncBytesLeft(), SyncETAMs: st.GetSyncEtaMs(),
+		Warnings: append([]string{}, st.GetWarnings()...), ChainList: []chainJSON{},
 	}
+	out.Health, out.HealthReasons = clusterHealth(st)
+	if out.HealthReasons == nil {
+		out.HealthReasons = []string{}
+	}
+	for _, s := range st.GetChainSummaries() {
+		out.ChainSummaries = append(out.ChainSummaries, chainSummaryJSON{Replicas: s.GetReplicas(), Total: s.GetTotal(),
+			Healthy: s.GetHealthy(), Degraded: s.GetDegraded(), Syncing: s.GetSyncing(), Unavailable: s.GetUnavailable()})
+	}
+	for _, c := range st.GetChainList() {
+		cj := chainJSON{ID: c.GetId(), Version: c.GetVersion(), Replicas: max(c.GetReplicas(), 1), State: chainState(c), Members: []memberJSON{}}
+		for _, m := range c.GetMembers() {
+			cj.Members = append(cj.Members, memberJSON{TargetID: m.GetTargetId(), ServerID: m.GetServerId(), Address: m.GetAddress(), State: m.GetState()})
+		}
+		out.ChainList = append(out.ChainList, cj)
+	}
+	sort.Slice(out.ChainList, func(i, j int) bool { return out.ChainList[i].ID < out.ChainList[j].ID })
 	for _, s := range st.GetServers() {
 		sj := serverJSON{ID: s.GetId(), Address: s.GetAddress(), Hostname: s.GetHostname(), Online: s.GetOnline(),
 			LastHeartbeatMs: s.GetLastHeartbeatMs(), Site: s.GetSite(), Rack: s.GetRack(), Targets: []targetJSON{}}
 		for _, t := range s.GetTargets() {
-			sj.Targets = append(sj.Targets, targetJSON{ID: t.GetId(), Path: t.GetPath(), Online: t.GetOnline(),
-				TotalBytes: t.GetTotalBytes(), FreeBytes: t.GetFreeBytes(), UsedBytes: t.GetUsedBytes(), Chunks: t.GetChunks()})
+			sj.Targets = append(sj.Targets, targetJSON{ID: t.GetId(), Path: t.GetPath(), Online: t.GetOnline(), Removed: t.GetRemoved(),
+				TotalBytes: t.GetTotalBytes(), FreeBytes: t.GetFreeBytes(), UsedBytes: t.GetUsedBytes(), Chunks: t.GetChunks(),
+				ScrubbedBytes: t.GetScrubbedBytes(), ScrubErrors: t.GetScrubErrors(), ScrubRepaired: t.GetScrubRepaired()})
 		}
 		out.Servers = append(out.Servers, sj)
 	}

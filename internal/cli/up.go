@@ -28,21 +28,30 @@ type upFlags struct {
 	dataServers  int
 	chunkSize    string
 	stripeCount  uint32
+	replicas     uint32
 	restartDelay time.Duration
+	failTimeout  time.Duration
+	repairDelay  time.Duration
 	listen       string
+	client       clientSettings
 }
 
 func newUpCmd() *cobra.Command {
 	var f upFlags
 	cmd := &cobra.Command{
-		Use:   "up [--dir DIR] [--mount DIR] [--data-servers N]",
+		Use:   "up [--dir DIR] [--mount DIR] [--data-servers N] [--replicas R]",
 		Short: "Run a whole cluster on this machine and mount it",
 		Long: `Run a whole weft cluster on this machine: one weft meta and N weft data
 servers, each an OS process of its own with its state in DIR/meta,
 DIR/data1..N and its log in DIR/logs, and mount the file system (for every
 user of the machine when allowed). Servers that die are restarted after
 --restart-delay. Ctrl-C or SIGTERM unmounts and stops everything; running
-weft up again on the same DIR brings every file back.`,
+weft up again on the same DIR brings every file back.
+
+With --replicas R every chunk of new files is kept on R data servers: a
+server that dies (or is missing for --failure-timeout) is taken out of its
+chains and I/O goes on with the others; one gone longer than --repair-delay
+is replaced and its data copied again. weft status shows the chains' health.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runUp(cmd.Context(), cmd, f)
@@ -54,7 +63,11 @@ weft up again on the same DIR brings every file back.`,
 	fl.IntVar(&f.dataServers, "data-servers", 3, "number of data servers (1..64)")
 	fl.StringVar(&f.chunkSize, "chunk-size", "1MiB", "chunk size of the default layout (power of two, 64KiB..64MiB)")
 	fl.Uint32Var(&f.stripeCount, "stripe-count", 4, "stripe count of the default layout (at least 1; capped to the chains that exist)")
+	fl.Uint32Var(&f.replicas, "replicas", 1, fmt.Sprintf("copies of every chunk in the default layout (1..%d, at most --data-servers)", maxReplicas))
+	fl.DurationVar(&f.failTimeout, "failure-timeout", 5*time.Second, "a data server without heartbeat for this long is taken out of its chains (more than 1s)")
+	fl.DurationVar(&f.repairDelay, "repair-delay", 10*time.Minute, "a replica offline for this long is replaced by another data server and re-replicated")
 	fl.DurationVar(&f.restartDelay, "restart-delay", 3*time.Second, "wait this long before restarting a server that died (0: never restart)")
+	f.client.addFlags(cmd)
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "address of the meta service (port 0: let the system pick; data servers use the same host)")
 	return cmd
 }
@@ -76,7 +89,20 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 	if f.dataServers < 1 || f.dataServers > 64 {
 		return usagef("--data-servers must be between 1 and 64, got %d", f.dataServers)
 	}
-	if _, err := defaultLayout(f.chunkSize, f.stripeCount); err != nil {
+	if _, err := defaultLayout(f.chunkSize, f.stripeCount, f.replicas); err != nil {
+		return err
+	}
+	if int(f.replicas) > f.dataServers {
+		return usagef("--replicas %d needs at least %d data servers, but --data-servers is %d: raise --data-servers or lower --replicas",
+			f.replicas, f.replicas, f.dataServers)
+	}
+	if f.failTimeout <= time.Second {
+		return usagef("--failure-timeout must be longer than the 1s heartbeat interval, got %v", f.failTimeout)
+	}
+	if f.repairDelay <= 0 {
+		return usagef("--repair-delay must be positive, got %v", f.repairDelay)
+	}
+	if err := f.client.check(); err != nil {
 		return err
 	}
 	if f.restartDelay < 0 {
@@ -141,7 +167,9 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 		fixedAddr: true, listen: metaListen,
 		args: func(listen string) []string {
 			return []string{"meta", "--dir", filepath.Join(dir, "meta"), "--listen", listen,
-				"--chunk-size", f.chunkSize, "--stripe-count", strconv.FormatUint(uint64(f.stripeCount), 10)}
+				"--chunk-size", f.chunkSize, "--stripe-count", strconv.FormatUint(uint64(f.stripeCount), 10),
+				"--replicas", strconv.FormatUint(uint64(f.replicas), 10),
+				"--failure-timeout", f.failTimeout.String(), "--repair-delay", f.repairDelay.String()}
 		},
 	}
 	if err := ensureDir(metaChild.dir, "--dir"); err != nil {
@@ -212,7 +240,7 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 		return failure("open the mount log", err, "check that "+logDir+" is writable")
 	}
 	defer mountLog.Close()
-	m, err := mountWeft(ctx, metaAddr, mnt, mount.Options{AllowOther: allowOther, AttrTimeout: time.Second, EntryTimeout: time.Second, FsName: "weft"}, newLogger(mountLog, false))
+	m, err := mountWeft(ctx, metaAddr, mnt, mount.Options{AllowOther: allowOther, AttrTimeout: time.Second, EntryTimeout: time.Second, FsName: "weft"}, f.client, newLogger(mountLog, false))
 	if err != nil {
 		return err
 	}
@@ -222,7 +250,7 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 	for _, c := range dataChildren {
 		sup.supervise(dataCtx, c)
 	}
-	printUp(stdout, dir, mnt, allowOther, metaChild, dataChildren, logDir)
+	printUp(stdout, dir, mnt, allowOther, f.replicas, metaChild, dataChildren, logDir)
 
 	select {
 	case <-ctx.Done():
@@ -238,7 +266,7 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 }
 
 // printUp tells where everything is.
-func printUp(w io.Writer, dir, mnt string, allowOther bool, meta *child, data []*child, logDir string) {
+func printUp(w io.Writer, dir, mnt string, allowOther bool, replicas uint32, meta *child, data []*child, logDir string) {
 	access := "every user (allow_other)"
 	if !allowOther {
 		access = "only you"
@@ -246,6 +274,7 @@ func printUp(w io.Writer, dir, mnt string, allowOther bool, meta *child, data []
 	fmt.Fprintf(w, "weft is up\n")
 	fmt.Fprintf(w, "  mount point:    %s (usable by %s)\n", mnt, access)
 	fmt.Fprintf(w, "  cluster dir:    %s (addresses in %s)\n", dir, clusterFileName)
+	fmt.Fprintf(w, "  replicas:       %d (default layout)\n", replicas)
 	fmt.Fprintf(w, "  meta service:   %-21s dir %s  log %s\n", meta.address(), meta.dir, meta.logPath)
 	for _, c := range data {
 		fmt.Fprintf(w, "  %s:  %-21s dir %s  log %s\n", c.name, c.address(), c.dir, c.logPath)

@@ -38,6 +38,10 @@ type Options struct {
 	// keeps the meta service's defaults (1 MiB, 4).
 	ChunkSize   uint32
 	StripeCount uint32
+	// Replicas is the replica count of the default layout; zero keeps the
+	// meta service's default (1). Chains of this width are made as soon as
+	// enough data servers registered; Start waits for them to be healthy.
+	Replicas uint32
 	// Mount mounts the file system with FUSE in a temporary directory
 	// (skipping the test if FUSE is not available).
 	Mount bool
@@ -47,6 +51,14 @@ type Options struct {
 	// defaults 200ms and 2s, short to keep tests fast.
 	HeartbeatInterval time.Duration
 	FailureTimeout    time.Duration
+	// RepairDelay is how long a replicated chain member may stay offline
+	// before it is replaced; zero keeps the manager's default (10m).
+	RepairDelay time.Duration
+	// SyncBandwidth and ScrubRate configure every data server (see
+	// data.Config); zero keeps their defaults, a negative ScrubRate turns
+	// the background scrub off.
+	SyncBandwidth int64
+	ScrubRate     int64
 	// Logger receives every component's log; default: warnings and errors
 	// to t.Log ($WEFT_TEST_LOG=debug|info for more).
 	Logger *slog.Logger
@@ -77,7 +89,8 @@ type Cluster struct {
 // dataServer is one in-process data server.
 type dataServer struct {
 	dir  string
-	addr string // last address it listened on
+	srv  *data.Server // nil while stopped
+	addr string       // last address it listened on
 	stop context.CancelFunc
 	done chan error // nil while stopped
 }
@@ -113,6 +126,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 		c.startData(ds, "127.0.0.1:0")
 	}
 	c.WaitOnline(opts.DataServers)
+	if opts.Replicas > 1 && int(opts.Replicas) <= opts.DataServers {
+		c.WaitHealthy()
+	}
 	if opts.Mount {
 		c.mount()
 	}
@@ -121,12 +137,13 @@ func Start(t testing.TB, opts Options) *Cluster {
 
 func (c *Cluster) startMeta() {
 	c.t.Helper()
-	layout := &weftv1.Layout{ChunkSize: c.opts.ChunkSize, StripeCount: c.opts.StripeCount}
+	layout := &weftv1.Layout{ChunkSize: c.opts.ChunkSize, StripeCount: c.opts.StripeCount, Replicas: c.opts.Replicas}
 	svc, err := meta.Open(context.Background(), meta.Config{
 		Dir:           filepath.Join(c.dir, "meta"),
 		DefaultLayout: layout,
-		Cluster:       cluster.Config{HeartbeatInterval: c.opts.HeartbeatInterval, FailureTimeout: c.opts.FailureTimeout, Logger: c.log},
-		Logger:        c.log,
+		Cluster: cluster.Config{HeartbeatInterval: c.opts.HeartbeatInterval, FailureTimeout: c.opts.FailureTimeout,
+			RepairDelay: c.opts.RepairDelay, Logger: c.log},
+		Logger: c.log,
 	})
 	if err != nil {
 		c.t.Fatalf("testcluster: open meta service: %v", err)
@@ -146,7 +163,8 @@ func (c *Cluster) startMeta() {
 // when still free).
 func (c *Cluster) startData(ds *dataServer, addr string) {
 	c.t.Helper()
-	srv, err := data.Open(data.Config{Dir: ds.dir, MetaAddr: c.metaAddr, Logger: c.log})
+	srv, err := data.Open(data.Config{Dir: ds.dir, MetaAddr: c.metaAddr, SyncBandwidth: c.opts.SyncBandwidth,
+		ScrubRate: c.opts.ScrubRate, Logger: c.log})
 	if err != nil {
 		c.t.Fatalf("testcluster: open data server in %s: %v", ds.dir, err)
 	}
@@ -161,7 +179,9 @@ func (c *Cluster) startData(ds *dataServer, addr string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()
-	ds.addr, ds.stop, ds.done = lis.Addr().String(), cancel, done
+	c.mu.Lock()
+	ds.addr, ds.srv, ds.stop, ds.done = lis.Addr().String(), srv, cancel, done
+	c.mu.Unlock()
 }
 
 func (c *Cluster) mount() {
@@ -215,6 +235,14 @@ func (c *Cluster) DataAddr(i int) string {
 	return c.data[i].addr
 }
 
+// DataServer is the running data server i (0-based), e.g. to run a scrub
+// pass with its Scrub method; nil while it is stopped.
+func (c *Cluster) DataServer(i int) *data.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.data[i].srv
+}
+
 // NewClient returns a new client of the cluster (its own session), closed
 // when the test ends.
 func (c *Cluster) NewClient() *client.Client {
@@ -259,6 +287,44 @@ func (c *Cluster) WaitOffline(n int) {
 
 func (c *Cluster) waitServers(ok func(online int) bool, what string) {
 	c.t.Helper()
+	online := 0
+	c.WaitStatus(what, func(st *weftv1.StatusResponse) bool {
+		online = 0
+		for _, s := range st.GetServers() {
+			if s.GetOnline() {
+				online++
+			}
+		}
+		return ok(online)
+	})
+}
+
+// WaitHealthy waits until every chain of every width is healthy (all
+// members serving, nothing left to sync) and at least one chain exists.
+func (c *Cluster) WaitHealthy() {
+	c.t.Helper()
+	c.WaitStatus("every chain healthy", Healthy)
+}
+
+// Healthy reports whether st shows chains, all of them healthy, and no
+// bytes left to sync.
+func Healthy(st *weftv1.StatusResponse) bool {
+	if len(st.GetChainSummaries()) == 0 || st.GetSyncBytesLeft() > 0 {
+		return false
+	}
+	for _, s := range st.GetChainSummaries() {
+		if s.GetTotal() == 0 || s.GetHealthy() != s.GetTotal() {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitStatus polls the meta service's status until ok returns true,
+// failing the test (naming what it waited for) after 30s plus twice the
+// failure timeout.
+func (c *Cluster) WaitStatus(what string, ok func(*weftv1.StatusResponse) bool) {
+	c.t.Helper()
 	cc, err := rpc.Dial(c.metaAddr)
 	if err != nil {
 		c.t.Fatalf("testcluster: %v", err)
@@ -266,25 +332,18 @@ func (c *Cluster) waitServers(ok func(online int) bool, what string) {
 	defer cc.Close()
 	mc := weftv1.NewMetaClient(cc)
 	deadline := time.Now().Add(30*time.Second + 2*c.opts.FailureTimeout)
-	online := 0
+	var last error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := mc.Status(ctx, &weftv1.StatusRequest{})
 		cancel()
-		if err == nil {
-			online = 0
-			for _, s := range st.GetServers() {
-				if s.GetOnline() {
-					online++
-				}
-			}
-			if ok(online) {
-				return
-			}
+		if err == nil && ok(st) {
+			return
 		}
+		last = err
 		time.Sleep(50 * time.Millisecond)
 	}
-	c.t.Fatalf("testcluster: timed out waiting for %s (%d online)", what, online)
+	c.t.Fatalf("testcluster: timed out waiting for %s (last status error: %v)", what, last)
 }
 
 // StopData stops data server i (0-based) gracefully; its state stays.
@@ -300,7 +359,9 @@ func (c *Cluster) StopData(i int) {
 	if err := <-ds.done; err != nil {
 		c.t.Errorf("testcluster: data server %d stopped with: %v", i, err)
 	}
-	ds.done = nil
+	c.mu.Lock()
+	ds.done, ds.srv = nil, nil
+	c.mu.Unlock()
 }
 
 // StartData starts stopped data server i (0-based) again on the same

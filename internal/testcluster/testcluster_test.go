@@ -2,9 +2,13 @@ package testcluster
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 func TestStartStopData(t *testing.T) {
@@ -43,4 +47,35 @@ func TestMount(t *testing.T) {
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back: %v", err)
 	}
+}
+
+func TestReplicas(t *testing.T) {
+	c := Start(t, Options{DataServers: 2, Replicas: 2, RepairDelay: time.Hour})
+	st := c.Status()
+	var two *weftv1.ChainSummary
+	for _, s := range st.GetChainSummaries() {
+		if s.GetReplicas() == 2 {
+			two = s
+		}
+	}
+	if two == nil || two.GetTotal() == 0 || two.GetHealthy() != two.GetTotal() {
+		t.Fatalf("after Start with Replicas 2: chain summaries %v, want healthy chains of 2 replicas", st.GetChainSummaries())
+	}
+	if _, err := c.DataServer(0).Scrub(context.Background()); err != nil {
+		t.Fatalf("scrub: %v", err)
+	}
+	c.StopData(1)
+	if c.DataServer(1) != nil {
+		t.Error("DataServer of a stopped server must be nil")
+	}
+	c.WaitStatus("a degraded chain", func(st *weftv1.StatusResponse) bool {
+		for _, s := range st.GetChainSummaries() {
+			if s.GetReplicas() == 2 && s.GetDegraded() > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	c.StartData(1)
+	c.WaitHealthy()
 }

@@ -3457,10 +3457,13 @@ func (x *HeartbeatResponse) GetUnknownServer() bool {
 
 // Chain is an ordered list of targets holding the same chunks.
 type Chain struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Version       uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
-	Members       []*ChainMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Members []*ChainMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	// Width of the chain: the replica count of the layouts using it (a
+	// degraded chain has fewer members).
+	Replicas      uint32 `protobuf:"varint,4,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3514,6 +3517,13 @@ func (x *Chain) GetMembers() []*ChainMember {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *Chain) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
 }
 
 type ChainMember struct {
@@ -4068,14 +4078,21 @@ func (x *ServerStatus) GetRack() string {
 }
 
 type TargetStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	TotalBytes    uint64                 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	FreeBytes     uint64                 `protobuf:"varint,4,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
-	UsedBytes     uint64                 `protobuf:"varint,5,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
-	Chunks        uint64                 `protobuf:"varint,6,opt,name=chunks,proto3" json:"chunks,omitempty"`
-	Online        bool                   `protobuf:"varint,7,opt,name=online,proto3" json:"online,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Path       string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	TotalBytes uint64                 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	FreeBytes  uint64                 `protobuf:"varint,4,opt,name=free_bytes,json=freeBytes,proto3" json:"free_bytes,omitempty"`
+	UsedBytes  uint64                 `protobuf:"varint,5,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	Chunks     uint64                 `protobuf:"varint,6,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	Online     bool                   `protobuf:"varint,7,opt,name=online,proto3" json:"online,omitempty"`
+	// Background scrub as last reported: bytes verified, bad copies found
+	// and repaired.
+	ScrubbedBytes uint64 `protobuf:"varint,8,opt,name=scrubbed_bytes,json=scrubbedBytes,proto3" json:"scrubbed_bytes,omitempty"`
+	ScrubErrors   uint64 `protobuf:"varint,9,opt,name=scrub_errors,json=scrubErrors,proto3" json:"scrub_errors,omitempty"`
+	ScrubRepaired uint64 `protobuf:"varint,10,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
+	// Removed by RemoveTarget: taken out of its chains for good.
+	Removed       bool `protobuf:"varint,11,opt,name=removed,proto3" json:"removed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4155,6 +4172,34 @@ func (x *TargetStatus) GetChunks() uint64 {
 func (x *TargetStatus) GetOnline() bool {
 	if x != nil {
 		return x.Online
+	}
+	return false
+}
+
+func (x *TargetStatus) GetScrubbedBytes() uint64 {
+	if x != nil {
+		return x.ScrubbedBytes
+	}
+	return 0
+}
+
+func (x *TargetStatus) GetScrubErrors() uint64 {
+	if x != nil {
+		return x.ScrubErrors
+	}
+	return 0
+}
+
+func (x *TargetStatus) GetScrubRepaired() uint64 {
+	if x != nil {
+		return x.ScrubRepaired
+	}
+	return 0
+}
+
+func (x *TargetStatus) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
 	}
 	return false
 }
@@ -4610,11 +4655,12 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\atargets\x18\x03 \x03(\v2\x15.weft.v1.TargetReportR\atargets\"g\n" +
 	"\x11HeartbeatResponse\x12+\n" +
 	"\x06chains\x18\x01 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12%\n" +
-	"\x0eunknown_server\x18\x02 \x01(\bR\runknownServer\"a\n" +
+	"\x0eunknown_server\x18\x02 \x01(\bR\runknownServer\"}\n" +
 	"\x05Chain\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12.\n" +
-	"\amembers\x18\x03 \x03(\v2\x14.weft.v1.ChainMemberR\amembers\"w\n" +
+	"\amembers\x18\x03 \x03(\v2\x14.weft.v1.ChainMemberR\amembers\x12\x1a\n" +
+	"\breplicas\x18\x04 \x01(\rR\breplicas\"w\n" +
 	"\vChainMember\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\x04R\btargetId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\x04R\bserverId\x12\x18\n" +
@@ -4651,7 +4697,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x11last_heartbeat_ms\x18\x05 \x01(\x03R\x0flastHeartbeatMs\x12/\n" +
 	"\atargets\x18\x06 \x03(\v2\x15.weft.v1.TargetStatusR\atargets\x12\x12\n" +
 	"\x04site\x18\a \x01(\tR\x04site\x12\x12\n" +
-	"\x04rack\x18\b \x01(\tR\x04rack\"\xc1\x01\n" +
+	"\x04rack\x18\b \x01(\tR\x04rack\"\xcc\x02\n" +
 	"\fTargetStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
@@ -4662,7 +4708,12 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\x05 \x01(\x04R\tusedBytes\x12\x16\n" +
 	"\x06chunks\x18\x06 \x01(\x04R\x06chunks\x12\x16\n" +
-	"\x06online\x18\a \x01(\bR\x06online\"\x0f\n" +
+	"\x06online\x18\a \x01(\bR\x06online\x12%\n" +
+	"\x0escrubbed_bytes\x18\b \x01(\x04R\rscrubbedBytes\x12!\n" +
+	"\fscrub_errors\x18\t \x01(\x04R\vscrubErrors\x12%\n" +
+	"\x0escrub_repaired\x18\n" +
+	" \x01(\x04R\rscrubRepaired\x12\x18\n" +
+	"\aremoved\x18\v \x01(\bR\aremoved\"\x0f\n" +
 	"\rStatusRequest\"\xed\x04\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
