@@ -1,6 +1,7 @@
 // Package client is the weft file system client without FUSE: namespace
 // operations against the meta service, striping of file data over chains,
-// write-back buffering and parallel chunk reads against the data servers.
+// write-back buffering, writes to each chain's head (retried across a
+// failover), and parallel chunk reads from the nearest serving replica.
 // The FUSE adapter (package mount), tests, benchmarks and gateways use it.
 //
 // Consistency is close-to-open across clients and full POSIX within one
@@ -28,8 +29,14 @@ import (
 // Defaults of Config.
 const (
 	DefaultWriteBufferBytes   = 64 << 20
-	DefaultUnavailableTimeout = 60 * time.Second
-	defaultVersion            = "dev"
+	DefaultUnavailableTimeout = 30 * time.Second
+	// OnUnavailableWait and OnUnavailableFail are the values of
+	// Config.OnUnavailable.
+	OnUnavailableWait = "wait"
+	OnUnavailableFail = "fail"
+	// DefaultOnUnavailable is the default of Config.OnUnavailable.
+	DefaultOnUnavailable = OnUnavailableFail
+	defaultVersion       = "dev"
 	// sessionCallTimeout bounds opening and closing the session, so that
 	// a meta service that cannot be reached is reported promptly.
 	sessionCallTimeout = 15 * time.Second
@@ -50,10 +57,21 @@ type Config struct {
 	// acknowledged by a data server) over all files of this client; past
 	// it, writers flush. Default DefaultWriteBufferBytes (64 MiB).
 	WriteBufferBytes int64
+	// OnUnavailable says what a data operation does when a chain has no
+	// member that can take it (replicas = 1 and its data server is down, or
+	// every replica down): OnUnavailableFail ("fail", the default) retries
+	// for UnavailableTimeout and then fails with EIO; OnUnavailableWait
+	// ("wait") retries until the chain is back, however long that takes
+	// (an interrupted system call or a cancelled context still ends it).
+	// Replicated chains that lose a member do not get here: the client
+	// moves to the remaining members once the cluster manager has taken
+	// the dead one out.
+	OnUnavailable string
 	// UnavailableTimeout is how long a data operation keeps retrying while
-	// the data server of a chain cannot be reached before it fails with
-	// EIO, and how long a meta service call without a deadline waits for an
-	// unreachable meta service. Default DefaultUnavailableTimeout (60 s).
+	// no member of a chain can take it before it fails with EIO (with
+	// OnUnavailable "fail"), and how long a meta service call without a
+	// deadline waits for an unreachable meta service. Default
+	// DefaultUnavailableTimeout (30 s).
 	UnavailableTimeout time.Duration
 }
 
@@ -105,6 +123,13 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.UnavailableTimeout <= 0 {
 		cfg.UnavailableTimeout = DefaultUnavailableTimeout
+	}
+	switch cfg.OnUnavailable {
+	case "":
+		cfg.OnUnavailable = DefaultOnUnavailable
+	case OnUnavailableWait, OnUnavailableFail:
+	default:
+		return nil, fmt.Errorf("client: on-unavailable %q: want %q or %q", cfg.OnUnavailable, OnUnavailableWait, OnUnavailableFail)
 	}
 	conn, err := rpc.Dial(cfg.MetaAddr)
 	if err != nil {

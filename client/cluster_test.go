@@ -27,6 +27,17 @@ type testCluster struct {
 	stopMeta func()
 	dataDirs []string
 	stops    []func()
+	opts     clusterOpts
+	proxies  []*countingProxy // per data server, with clusterOpts.proxied
+}
+
+// clusterOpts are the less common settings of a test cluster.
+type clusterOpts struct {
+	// failureTimeout of the cluster manager (default: the manager's).
+	failureTimeout time.Duration
+	// proxied puts a countingProxy in front of every data server (clients
+	// and peers reach it through the proxy).
+	proxied bool
 }
 
 // startCluster runs a meta service and nData data servers in-process over
@@ -34,13 +45,20 @@ type testCluster struct {
 // every data server's chain is in the chain table.
 func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 	t.Helper()
+	return startClusterOpts(t, layout, nData, clusterOpts{})
+}
+
+// startClusterOpts is startCluster with options.
+func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clusterOpts) *testCluster {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	// Directories first: their removal must run after the servers stop.
 	metaDir := t.TempDir()
-	tc := &testCluster{t: t, log: log, wg: &sync.WaitGroup{}, dataDirs: make([]string, nData), stops: make([]func(), nData)}
+	tc := &testCluster{t: t, log: log, wg: &sync.WaitGroup{}, dataDirs: make([]string, nData), stops: make([]func(), nData),
+		opts: opts, proxies: make([]*countingProxy, nData)}
 	for i := range tc.dataDirs {
 		tc.dataDirs[i] = t.TempDir()
 	}
@@ -52,7 +70,7 @@ func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 	})
 	tc.metaCfg = meta.Config{
 		Dir: metaDir, DefaultLayout: layout, Logger: log,
-		Cluster: cluster.Config{HeartbeatInterval: 200 * time.Millisecond, Logger: log},
+		Cluster: cluster.Config{HeartbeatInterval: 200 * time.Millisecond, FailureTimeout: opts.failureTimeout, Logger: log},
 	}
 	tc.metaAddr = "127.0.0.1:0"
 	tc.startMeta()
@@ -106,11 +124,18 @@ func (tc *testCluster) startMeta() {
 
 // startData starts data server i (again) on a new port.
 func (tc *testCluster) startData(i int) {
-	srv, err := data.Open(data.Config{Dir: tc.dataDirs[i], MetaAddr: tc.metaAddr, Logger: tc.log})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tc.t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	cfg := data.Config{Dir: tc.dataDirs[i], MetaAddr: tc.metaAddr, Logger: tc.log}
+	var px *countingProxy
+	if tc.opts.proxied {
+		px = newCountingProxy(tc.t, lis.Addr().String())
+		tc.proxies[i] = px
+		cfg.Advertise = px.addr()
+	}
+	srv, err := data.Open(cfg)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -120,7 +145,13 @@ func (tc *testCluster) startData(i int) {
 		defer close(done)
 		_ = srv.Serve(ctx, lis)
 	})
-	tc.stops[i] = func() { stop(); <-done }
+	tc.stops[i] = func() {
+		if px != nil && !px.held.Load() {
+			px.close() // connections die at once, as with a killed process
+		}
+		stop()
+		<-done
+	}
 }
 
 // stopData stops data server i.

@@ -360,25 +360,6 @@ func (c *Client) writeChunk(ctx context.Context, ino uint64, l *weftv1.Layout, i
 		})
 }
 
-// readChunk fills p from chunk idx at offset off; what the chunk does not
-// hold reads as zeros.
-func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, p []byte) error {
-	chain := chainFor(l, idx)
-	return c.onChain(ctx, chain, fmt.Sprintf("read chunk %d of file %d", idx, ino),
-		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
-			resp, err := dc.ReadChunk(ctx, &weftv1.ReadChunkRequest{
-				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
-				Offset: off, Length: uint32(len(p)),
-			})
-			if err != nil {
-				return err
-			}
-			n := copy(p, resp.Data)
-			clear(p[n:])
-			return nil
-		})
-}
-
 // errNotRegular is returned for data operations on a File that is not a
 // regular file.
 var errNotRegular = fmt.Errorf("not a regular file: %w", syscall.EINVAL)

@@ -1,0 +1,76 @@
+package client
+
+import (
+	"testing"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// TestPickReader checks the replica choice for reads on made-up latencies.
+func TestPickReader(t *testing.T) {
+	chain := func(states ...string) *weftv1.Chain {
+		ch := &weftv1.Chain{Id: 1, Version: 1}
+		for i, s := range states {
+			ch.Members = append(ch.Members, &weftv1.ChainMember{TargetId: uint64(i + 1), Address: string(rune('a' + i)), State: s})
+		}
+		return ch
+	}
+	ms := time.Millisecond
+	tests := []struct {
+		name  string
+		ch    *weftv1.Chain
+		rtt   map[string]time.Duration
+		down  []string
+		tried []string
+		want  map[string]bool // acceptable picks; nil: none
+	}{
+		{name: "only serving members", ch: chain("serving", "syncing", "offline"), want: map[string]bool{"a": true}},
+		{name: "nearest of three", ch: chain("serving", "serving", "serving"),
+			rtt: map[string]time.Duration{"a": 30 * ms, "b": 2 * ms, "c": 40 * ms}, want: map[string]bool{"b": true}},
+		{name: "equally near share", ch: chain("serving", "serving", "serving"),
+			rtt: map[string]time.Duration{"a": 30 * ms, "b": 2 * ms, "c": 2500 * time.Microsecond}, want: map[string]bool{"b": true, "c": true}},
+		{name: "unmeasured counts as near", ch: chain("serving", "serving"),
+			rtt: map[string]time.Duration{"a": 30 * ms}, want: map[string]bool{"b": true}},
+		{name: "tried skipped", ch: chain("serving", "serving", "serving"),
+			rtt: map[string]time.Duration{"a": 30 * ms, "b": 2 * ms, "c": 80 * ms}, tried: []string{"b"}, want: map[string]bool{"a": true}},
+		{name: "down avoided", ch: chain("serving", "serving"),
+			rtt: map[string]time.Duration{"a": 2 * ms, "b": 30 * ms}, down: []string{"a"}, want: map[string]bool{"b": true}},
+		{name: "all down: still tried", ch: chain("serving"), down: []string{"a"}, want: map[string]bool{"a": true}},
+		{name: "all tried", ch: chain("serving", "serving"), tried: []string{"a", "b"}},
+		{name: "none serving: head fallback", ch: chain("offline"), want: map[string]bool{"a": true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var tab chainTable
+			tab.init(nil)
+			for addr, d := range tt.rtt {
+				tab.stat(addr).observe(d)
+			}
+			for _, addr := range tt.down {
+				tab.stat(addr).markDown()
+			}
+			tried := map[string]bool{}
+			for _, addr := range tt.tried {
+				tried[addr] = true
+			}
+			seen := map[string]bool{}
+			for range 50 {
+				m := tab.pickReader(tt.ch, tried)
+				if m == nil {
+					if tt.want != nil {
+						t.Fatalf("no member picked, want one of %v", tt.want)
+					}
+					return
+				}
+				if !tt.want[m.Address] {
+					t.Fatalf("picked %s, want one of %v", m.Address, tt.want)
+				}
+				seen[m.Address] = true
+			}
+			if len(seen) != len(tt.want) {
+				t.Errorf("picked only %v over 50 reads, want each of %v", seen, tt.want)
+			}
+		})
+	}
+}
