@@ -32,9 +32,13 @@ import (
 // makes it serving.
 
 const (
-	syncPageSize       = 1024
-	syncRetryMax       = 10 * time.Second
-	syncRecheckDelay   = 2 * time.Second
+	syncPageSize     = 1024
+	syncRetryMax     = 10 * time.Second
+	syncRecheckDelay = 2 * time.Second
+	// syncStaleRetry is the retry delay after the source refused the pass
+	// for a chain version it has not learnt yet (it catches up within a
+	// heartbeat, or ~100 ms since the request triggers an early one).
+	syncStaleRetry     = 200 * time.Millisecond
 	syncCopyAttempts   = 5
 	syncMinChunkTokens = 4 << 10
 )
@@ -254,6 +258,11 @@ func (s *Server) runSync(ctx context.Context, ss *syncSession) {
 				lastErr = msg
 			}
 			wait, delay = delay, min(2*delay, syncRetryMax)
+			if status.Code(err) == codes.FailedPrecondition {
+				// The source and this server disagree on the chain's
+				// version for a moment: retry soon, not after seconds.
+				wait, delay = syncStaleRetry, syncRecheckDelay
+			}
 		} else {
 			delay, lastErr = syncRecheckDelay, ""
 		}

@@ -142,6 +142,10 @@ func (s *Server) metaLoop(ctx context.Context, addr string) {
 			}
 			delay, retry = retry, min(2*retry, maxRetryDelay)
 			refresh = nil
+			// gRPC's own reconnect backoff grows to minutes while the
+			// meta service is unreachable; without this a server cut off
+			// for a while would stay fenced long after the network heals.
+			s.metaConn.ResetConnectBackoff()
 		} else {
 			if failing != "" {
 				s.log.Info("meta service reachable again", "meta", s.cfg.MetaAddr)
