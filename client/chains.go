@@ -111,12 +111,23 @@ func (t *chainTable) get(id uint64) *weftv1.Chain {
 	return t.chains[id]
 }
 
-// lookup returns chain id, refreshing the table once if it is not there.
+// lookup returns chain id. A chain the table lacks was made after the
+// table was fetched (the meta service names only chains it has in a
+// layout), so the table is refreshed at once; concurrent lookups of the
+// same new chain cost one GetChains.
 func (t *chainTable) lookup(ctx context.Context, id uint64, what string) (*weftv1.Chain, error) {
 	if ch := t.get(id); ch != nil {
 		return ch, nil
 	}
-	t.refreshSoon(ctx)
+	t.refreshMu.Lock()
+	var err error
+	if t.get(id) == nil {
+		err = t.refreshLocked(ctx)
+	}
+	t.refreshMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
 	if ch := t.get(id); ch != nil {
 		return ch, nil
 	}

@@ -414,3 +414,31 @@ func TestOnUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// A file on chains made after the client fetched its chain table is
+// written at once: the client fetches the new chains instead of failing.
+func TestWriteOnChainsNewerThanTheTable(t *testing.T) {
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2, Replicas: 1}, 3)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	if _, err := c.Meta().SetLayout(ctx, &weftv1.SetLayoutRequest{Ino: 1, Layout: &weftv1.Layout{Replicas: 2}}); err != nil {
+		t.Fatalf("set replicas 2 on the root: %v", err)
+	}
+	f := create(t, c, "f", syscall.O_WRONLY)
+	if f.in.layout.GetReplicas() != 2 {
+		t.Fatalf("new file's layout %v, want replicas 2", f.in.layout)
+	}
+	want := randomBytes(rand.New(rand.NewPCG(5, 6)), 200<<10)
+	if _, err := f.WriteAt(ctx, want, 0); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	g, _ := open(t, c, "f", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	got := make([]byte, len(want))
+	if n, err := g.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got[:n], want) {
+		t.Fatalf("read back %d bytes, err %v; equal %v", n, err, bytes.Equal(got[:n], want))
+	}
+}

@@ -9,11 +9,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/weft-fs/weft/internal/fserr"
 )
+
+// reconnectMaxDelay caps the wait between attempts to reach a server that
+// is down.
+const reconnectMaxDelay = time.Second
 
 // MaxMessageBytes bounds one RPC message: a 64 MiB chunk plus headers.
 const MaxMessageBytes = 80 << 20
@@ -41,6 +46,12 @@ func Dial(addr string) (*grpc.ClientConn, error) {
 		grpc.WithInitialWindowSize(8<<20),
 		grpc.WithInitialConnWindowSize(32<<20),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		// gRPC's default reconnect backoff grows to two minutes; a weft
+		// server that comes back must be reached within about a second.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay},
+			MinConnectTimeout: 2 * time.Second,
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", addr, err)
