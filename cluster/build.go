@@ -15,12 +15,12 @@ import (
 const MaxReplicas = 8
 
 // EnsureChains makes sure the cluster keeps chains of the given width
-// (replica count): the width is remembered, and every target in service
-// that heads no chain of that width gets one, as soon as at least that
-// many targets are registered. Targets that join later get theirs when
-// they register. Replicas 0 and 1 need nothing (every target has a chain
-// of one). Called when a layout with replicas R is set and at start for
-// the default layout.
+// (replica count): the width is remembered and the chains of every width
+// in use are (re)built, as soon as at least that many targets are
+// registered (see buildChains). Replicas 0 and 1 need nothing (every
+// target has a chain of one). Called when a layout with replicas R is set
+// and at start for the default layout; registrations, removals and the
+// liveness check rebuild the widths already in use.
 func (m *Manager) EnsureChains(ctx context.Context, replicas uint32) error {
 	if replicas <= 1 {
 		return nil
@@ -30,12 +30,14 @@ func (m *Manager) EnsureChains(ctx context.Context, replicas uint32) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.ensureChains(ctx, []uint32{replicas})
+	_, err := m.ensureChains(ctx, []uint32{replicas})
+	return err
 }
 
-// ensureChains records widths and builds the chains missing for them, in
-// one transaction. Called with m.mu held.
-func (m *Manager) ensureChains(ctx context.Context, widths []uint32) error {
+// ensureChains records widths and (re)builds the chains of every width in
+// use, in one transaction; it returns how many chains it made, rebuilt or
+// dropped. Called with m.mu held.
+func (m *Manager) ensureChains(ctx context.Context, widths []uint32) (int, error) {
 	st := m.newStage()
 	all := slices.Clone(m.widths)
 	for _, r := range widths {
@@ -49,16 +51,23 @@ func (m *Manager) ensureChains(ctx context.Context, widths []uint32) error {
 		m.buildChains(st, r)
 	}
 	if err := m.commit(ctx, st); err != nil {
-		return fmt.Errorf("make chains of %v replicas: %w", widths, err)
+		return 0, fmt.Errorf("make chains of %v replicas: %w", all, err)
 	}
 	for _, c := range st.chains {
-		m.log.Info(fmt.Sprintf("new chain %d of %d replicas: targets %v", c.ID, c.Replicas, memberIDs(c.Members)),
-			"chain", c.ID, "shared_server", c.SharedServer)
+		what := "new chain"
+		if c.Version > 1 {
+			what = "unused chain rebuilt:"
+		}
+		m.log.Info(fmt.Sprintf("%s %d of %d replicas: targets %v", what, c.ID, c.Replicas, memberIDs(c.Members)),
+			"chain", c.ID, "version", c.Version, "shared_server", c.SharedServer)
 		if c.SharedServer {
 			m.log.Warn(fmt.Sprintf("chain %d keeps two copies on one data server: add data servers to spread its replicas", c.ID))
 		}
 	}
-	return nil
+	for _, id := range st.drop {
+		m.log.Info(fmt.Sprintf("unused chain %d dropped: its home target left service", id), "chain", id)
+	}
+	return len(st.chains) + len(st.drop), nil
 }
 
 // inService returns the ids of the registered targets not removed, in
@@ -89,27 +98,56 @@ func (m *Manager) memberLoad(r int) map[uint64]int {
 	return load
 }
 
-// buildChains stages a chain of width r headed by every target in service
-// that is not the home of one yet, if at least r targets are in service.
-// Each chain's other members are chosen by chooseMember; membership is
-// spread so that every target is in about r chains.
+// buildChains stages the chains of width r: every target in service is
+// the home (first member) of one, if at least r targets are in service.
+// Chains used by a file (Used) keep their members: their data would have
+// to move. Every unused chain is planned again from scratch over all the
+// targets in service, around the used ones, so that targets registering
+// one after another end up as evenly spread as if they had all been there
+// from the start: each chain's other members are chosen by chooseMember,
+// and every target is in about r chains. An unused chain keeps its id
+// (preferably for the same home) and gets a new version only if its
+// members change; unused chains left without a home (their home left
+// service) are dropped. While fewer than r targets are in service nothing
+// can be planned: the chains stay as they are and repair handles them.
 func (m *Manager) buildChains(st *stage, r uint32) {
 	targets := m.inService()
-	if len(targets) < int(r) {
-		return
+	if !m.rebuildable(r) {
+		return // the unused chains stay as they are; repair keeps them
 	}
 	homed := make(map[uint64]bool)
-	for _, c := range m.chains {
-		if c.width() == int(r) {
-			homed[c.Home] = true
+	load := make(map[uint64]int)
+	var unused []*chainRecord // in id order
+	for _, id := range m.chainIDs {
+		c := m.chains[id]
+		if c.width() != int(r) {
+			continue
+		}
+		if !c.Used {
+			unused = append(unused, c)
+			continue
+		}
+		homed[c.Home] = true
+		for _, mem := range c.Members {
+			load[mem.TargetID]++
 		}
 	}
-	load := m.memberLoad(int(r))
 	var todo []uint64
 	for _, id := range targets {
 		if !homed[id] {
 			todo = append(todo, id)
 			load[id]++ // it will head its own chain
+		}
+	}
+	// Unused chains go to the same home again where they can, the rest
+	// to the homes left over, in id order.
+	old := make(map[uint64]*chainRecord)
+	var spare []*chainRecord
+	for _, c := range unused {
+		if slices.Contains(todo, c.Home) && old[c.Home] == nil {
+			old[c.Home] = c
+		} else {
+			spare = append(spare, c)
 		}
 	}
 	now := m.now().UnixNano()
@@ -126,8 +164,11 @@ func (m *Manager) buildChains(st *stage, r uint32) {
 		if len(members) < int(r) {
 			continue // cannot happen: r targets are in service
 		}
-		st.nextChain++
-		c := &chainRecord{ID: st.nextChain, Version: 1, Replicas: r, Home: home}
+		prev := old[home]
+		if prev == nil && len(spare) > 0 {
+			prev, spare = spare[0], spare[1:]
+		}
+		c := &chainRecord{Version: 1, Replicas: r, Home: home}
 		for _, id := range members {
 			mem := memberRecord{TargetID: id, State: stateServing}
 			if !m.targetOnline(id) {
@@ -138,9 +179,41 @@ func (m *Manager) buildChains(st *stage, r uint32) {
 			c.Members = append(c.Members, mem)
 		}
 		c.SharedServer = m.sharesServer(c.Members)
+		if prev != nil {
+			if prev.Home == home && prev.SharedServer == c.SharedServer && sameTargets(prev.Members, members) {
+				continue // already so: its member states follow liveness
+			}
+			c.ID, c.Version = prev.ID, prev.Version+1
+		} else {
+			st.nextChain++
+			c.ID = st.nextChain
+		}
 		sortMembers(c.Members)
 		st.chains = append(st.chains, c)
 	}
+	for _, c := range spare {
+		st.drop = append(st.drop, c.ID)
+	}
+}
+
+// rebuildable reports whether the unused chains of width r are planned
+// by buildChains (at least r targets in service) rather than repaired.
+// Called with m.mu held.
+func (m *Manager) rebuildable(r uint32) bool {
+	return len(m.inService()) >= int(r)
+}
+
+// sameTargets reports whether ms are the targets ids, in any order.
+func sameTargets(ms []memberRecord, ids []uint64) bool {
+	if len(ms) != len(ids) {
+		return false
+	}
+	for _, mem := range ms {
+		if !slices.Contains(ids, mem.TargetID) {
+			return false
+		}
+	}
+	return true
 }
 
 // domain is where a target sits in the failure-domain tree.

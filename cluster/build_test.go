@@ -81,6 +81,21 @@ func (e *replEnv) ensure(r uint32) {
 	}
 }
 
+// use marks every chain of width r used, as if files had been placed on
+// them: they keep their members from then on.
+func (e *replEnv) use(r int) {
+	e.t.Helper()
+	var ids []uint64
+	for _, c := range e.chainsOf(r) {
+		ids = append(ids, c.ID)
+	}
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	if err := e.m.markUsed(context.Background(), ids); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // chainsOf returns copies of the chain records of width r in id order.
 func (e *replEnv) chainsOf(r int) []*chainRecord {
 	e.m.mu.Lock()
@@ -221,8 +236,8 @@ func TestBuildChains(t *testing.T) {
 }
 
 // Chains of a width asked for before enough targets exist are made when
-// they register; a target joining later gets a chain of its own; and all
-// of it survives a restart.
+// they register; a target joining later gets a chain of its own and the
+// unused chains are rebuilt around it; and all of it survives a restart.
 func TestChainsForLateTargets(t *testing.T) {
 	e := newReplEnv(t, node{targets: 1}, node{targets: 1})
 	e.ensure(3)
@@ -248,11 +263,12 @@ func TestChainsForLateTargets(t *testing.T) {
 	if last := chains[3]; last.Home != 4 || last.Members[0].TargetID != 4 || last.SharedServer {
 		t.Errorf("chain of the new target: %+v", last)
 	}
-	for _, c := range chains[:3] {
-		if c.Version != 1 {
-			t.Errorf("chain %d changed (version %d) when a target joined", c.ID, c.Version)
-		}
+	// No file uses them yet: the first three were rebuilt (same ids) so
+	// that every target is in three chains, not targets 1-3 in four.
+	if got := fmt.Sprint(chainIDsOf(chains)); got != "[4 5 6 8]" {
+		t.Errorf("chains of 3 are %s, want [4 5 6 8]", got)
 	}
+	checkSpread(t, e, 3)
 	before := e.table()
 	e.restart()
 	if after := e.table(); summary(after) != summary(before) {

@@ -77,6 +77,7 @@ type Manager struct {
 	nextTarget   uint64
 	nextChain    uint64
 	widths       []uint32           // chain widths >= 2 asked for, sorted
+	usedMarks    bool               // chains record Used (c/usedmarks saved)
 	table        *weftv1.ChainTable // built from the above; nil when stale
 	sync         syncStats          // progress of syncing members
 	rrNext       uint64             // rotating start of round-robin placement
@@ -146,7 +147,46 @@ func NewManager(ctx context.Context, eng kv.Engine, cfg Config) (*Manager, error
 	if err := m.load(ctx); err != nil {
 		return nil, err
 	}
+	if err := m.markLegacyChains(ctx); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// markLegacyChains marks Used every replicated chain saved before chains
+// recorded their use (no c/usedmarks key): files may be placed on them,
+// so they must never be rebuilt. Done once, at the first start.
+func (m *Manager) markLegacyChains(ctx context.Context) error {
+	if m.usedMarks {
+		return nil
+	}
+	var marked []*chainRecord
+	for _, id := range m.chainIDs {
+		if c := m.chains[id]; c.width() > 1 && !c.Used {
+			c = c.clone()
+			c.Used = true
+			marked = append(marked, c)
+		}
+	}
+	err := m.eng.Update(ctx, func(t kv.Txn) error {
+		for _, c := range marked {
+			if err := putJSON(t, idKey(prefixChain, c.ID), c); err != nil {
+				return err
+			}
+		}
+		return putUint64(t, keyUsedMarks, 1)
+	})
+	if err != nil {
+		return fmt.Errorf("load cluster state: mark the chains of an earlier release used: %w", err)
+	}
+	for _, c := range marked {
+		m.chains[c.ID] = c
+	}
+	if len(marked) > 0 {
+		m.log.Info(fmt.Sprintf("%d replicated chains of an earlier release marked used: they keep their members", len(marked)))
+	}
+	m.usedMarks = true
+	return nil
 }
 
 func (m *Manager) load(ctx context.Context) error {
@@ -168,6 +208,11 @@ func (m *Manager) load(ctx context.Context) error {
 		if m.widths, err = getWidths(t); err != nil {
 			return err
 		}
+		marks, err := getUint64(t, keyUsedMarks)
+		if err != nil {
+			return err
+		}
+		m.usedMarks = marks != 0
 		if err := scanJSON(t, prefixServer, func(r *serverRecord) {
 			m.servers[r.ID] = &serverState{rec: *r, online: true, lastHeartbeat: now}
 			m.serverByUUID[r.UUID] = r.ID
@@ -234,6 +279,11 @@ type stage struct {
 	nextChain    uint64
 	widths       []uint32 // new set of chain widths; nil: unchanged
 	tableChanged bool     // something the chain table shows changed (addresses)
+	// drop: ids of chains to delete (unused chains left without a home).
+	drop []uint64
+	// used: chain records newly marked Used. Saved like chains, but the
+	// chain table does not show the mark, so its version stays.
+	used []*chainRecord
 }
 
 func (m *Manager) newStage() *stage {
@@ -241,7 +291,8 @@ func (m *Manager) newStage() *stage {
 }
 
 func (s *stage) empty() bool {
-	return len(s.servers) == 0 && len(s.targets) == 0 && len(s.chains) == 0 && s.widths == nil && !s.tableChanged
+	return len(s.servers) == 0 && len(s.targets) == 0 && len(s.chains) == 0 && s.widths == nil && !s.tableChanged &&
+		len(s.drop) == 0 && len(s.used) == 0
 }
 
 // commit persists s and installs it. Called with m.mu held.
@@ -250,7 +301,7 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 		return nil
 	}
 	version := m.tableVersion
-	if s.tableChanged || len(s.chains) > 0 {
+	if s.tableChanged || len(s.chains) > 0 || len(s.drop) > 0 {
 		version++
 	}
 	err := m.eng.Update(ctx, func(t kv.Txn) error {
@@ -264,8 +315,13 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 				return err
 			}
 		}
-		for _, r := range s.chains {
+		for _, r := range slices.Concat(s.chains, s.used) {
 			if err := putJSON(t, idKey(prefixChain, r.ID), r); err != nil {
+				return err
+			}
+		}
+		for _, id := range s.drop {
+			if err := t.Delete(idKey(prefixChain, id)); err != nil {
 				return err
 			}
 		}
@@ -310,10 +366,13 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 			m.targetByUUID[r.UUID] = r.ID
 		}
 	}
-	for _, r := range s.chains {
+	for _, r := range slices.Concat(s.chains, s.used) {
 		m.chains[r.ID] = r
 	}
-	if len(s.chains) > 0 {
+	for _, id := range s.drop {
+		delete(m.chains, id)
+	}
+	if len(s.chains) > 0 || len(s.drop) > 0 {
 		m.reindexChains()
 	}
 	m.nextServer, m.nextTarget, m.nextChain = s.nextServer, s.nextTarget, s.nextChain

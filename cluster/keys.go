@@ -21,6 +21,7 @@ import (
 //	c/next/target             last target id handed out
 //	c/next/chain              last chain id handed out
 //	c/widths                  chain widths (replica counts >= 2) asked for, JSON list
+//	c/usedmarks               present (8 bytes, 1) once chains record Used
 //
 // Live state (heartbeat times, capacity reports) is kept in memory only:
 // it is rebuilt from the first heartbeats after a restart.
@@ -34,6 +35,7 @@ const (
 	keyNextTarget        = "c/next/target"
 	keyNextChain         = "c/next/chain"
 	keyWidths            = "c/widths"
+	keyUsedMarks         = "c/usedmarks"
 )
 
 // Member states of a chain, as sent in weftv1.ChainMember.state.
@@ -79,6 +81,10 @@ type chainRecord struct {
 	// SharedServer: two members are on one data server, because nothing
 	// else fitted; Status warns about it.
 	SharedServer bool `json:"shared_server,omitempty"`
+	// Used: PickChains has placed a file on this replicated chain, so it
+	// may hold data and keeps its members (only repair replaces them).
+	// Unused chains are planned again whenever targets come or go.
+	Used bool `json:"used,omitempty"`
 }
 
 // memberRecord is one target of a chain and its state.

@@ -18,8 +18,9 @@ import (
 // online. A server or target seen before (same uuid) keeps its id and gets
 // the request's address and path; a new one gets the next id, and every
 // new target gets a chain of its own (and one of each replicated width in
-// use). The response carries the ids, the heartbeat interval, the failure
-// timeout and the chain table.
+// use, the unused replicated chains being rebuilt over all targets, see
+// buildChains). The response carries the ids, the heartbeat interval, the
+// failure timeout and the chain table.
 func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServerRequest) (*weftv1.RegisterServerResponse, error) {
 	if err := validateRegister(req); err != nil {
 		return nil, err
@@ -92,9 +93,11 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
 		return nil, fmt.Errorf("register data server %d (%s): %w", sid, req.Address, err)
 	}
-	if len(newTargets) > 0 && len(m.widths) > 0 {
-		// New targets head replicated chains of every width in use.
-		if err := m.ensureChains(ctx, nil); err != nil {
+	if len(m.widths) > 0 {
+		// New targets head replicated chains of every width in use, and
+		// the unused chains are planned again over every target (a
+		// changed rack or site too).
+		if _, err := m.ensureChains(ctx, nil); err != nil {
 			return nil, fmt.Errorf("register data server %d (%s): %w", sid, req.Address, err)
 		}
 	}
@@ -225,8 +228,10 @@ func (m *Manager) Run(ctx context.Context) {
 
 // checkLiveness marks servers offline whose last heartbeat is older than
 // the failure timeout, brings every chain in line with its members'
-// liveness and replaces members of replicated chains gone longer than the
-// repair delay. A failure to save is logged and retried on the next check.
+// liveness, rebuilds unused replicated chains if the targets in service
+// changed (see buildChains) and replaces members of replicated chains
+// gone longer than the repair delay. A failure to save is logged and
+// retried on the next check.
 func (m *Manager) checkLiveness(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -240,6 +245,11 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	}
 	if err := m.reconcile(ctx, m.chainIDs); err != nil && ctx.Err() == nil {
 		m.log.Error("update chain states after liveness check (retrying at the next check): " + err.Error())
+	}
+	if len(m.widths) > 0 {
+		if _, err := m.ensureChains(ctx, nil); err != nil && ctx.Err() == nil {
+			m.log.Error("rebuild unused chains (retrying at the next check): " + err.Error())
+		}
 	}
 	if _, err := m.repair(ctx, m.chainIDs); err != nil && ctx.Err() == nil {
 		m.log.Error("repair chains (retrying at the next check): " + err.Error())

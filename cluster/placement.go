@@ -32,7 +32,8 @@ type candidate struct {
 // new file, in the order the file's chunks use them. With one replica,
 // chains with a member that is not serving, offline, removed or full are
 // skipped. With more, the chains of that width are made on first use
-// (see EnsureChains); chains without a serving member or with a full
+// (see EnsureChains) and those returned are marked used, so they keep
+// their members from then on; chains without a serving member or with a full
 // live member are skipped, and healthy chains are preferred while there
 // are n of them; fewer targets in service than replicas is an error
 // wrapping syscall.EINVAL. While the usable
@@ -97,7 +98,7 @@ func (m *Manager) pickReplicated(ctx context.Context, n int, replicas uint32) ([
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !slices.Contains(m.widths, replicas) {
-		if err := m.ensureChains(ctx, []uint32{replicas}); err != nil {
+		if _, err := m.ensureChains(ctx, []uint32{replicas}); err != nil {
 			return nil, fmt.Errorf("place a file with %d replicas: %w", replicas, err)
 		}
 	}
@@ -133,7 +134,26 @@ func (m *Manager) pickReplicated(ctx context.Context, n int, replicas uint32) ([
 		return nil, fserr.Wrap(syscall.ENOSPC, "place a new file with %d replicas: no chain of %d replicas has a serving target with free space: start data servers (weft data ...) or free space",
 			replicas, replicas)
 	}
-	return m.choose(cands, n), nil
+	ids := m.choose(cands, n)
+	if err := m.markUsed(ctx, ids); err != nil {
+		return nil, fmt.Errorf("place a file with %d replicas: %w", replicas, err)
+	}
+	return ids, nil
+}
+
+// markUsed saves the Used mark of the chains ids that do not have it yet
+// (one write per chain, once): from now on they may hold data and are
+// never rebuilt. Called with m.mu held.
+func (m *Manager) markUsed(ctx context.Context, ids []uint64) error {
+	st := m.newStage()
+	for _, id := range ids {
+		if c := m.chains[id]; !c.Used {
+			c = c.clone()
+			c.Used = true
+			st.used = append(st.used, c)
+		}
+	}
+	return m.commit(ctx, st)
 }
 
 // usableReplicated reports whether new files may go to replicated chain

@@ -36,11 +36,16 @@ func (m *Manager) RemoveTarget(ctx context.Context, id uint64) (uint32, error) {
 		m.log.Warn(fmt.Sprintf("target %d (%s) of data server %d removed: replacing it in its chains", id, t.rec.Path, t.rec.ServerID),
 			"target", id)
 	}
+	// Unused chains are planned again without it; used ones are repaired.
+	built, err := m.ensureChains(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("remove target %d: %w", id, err)
+	}
 	n, err := m.repair(ctx, m.chainsOf[id])
 	if err != nil {
 		return 0, fmt.Errorf("remove target %d: %w", id, err)
 	}
-	return uint32(n), nil
+	return uint32(n + built), nil
 }
 
 // repair replaces, in the given replicated chains, the members offline
@@ -48,15 +53,17 @@ func (m *Manager) RemoveTarget(ctx context.Context, id uint64) (uint32, error) {
 // the places of members lost earlier, with targets chosen by
 // chooseMember; they join as syncing. It saves the changed chains in one
 // transaction and returns how many changed. A chain without a serving
-// member is left alone: there is nothing to copy from. Called with m.mu
-// held.
+// member is left alone: there is nothing to copy from; so is a chain no
+// file uses yet while buildChains can plan it again (enough targets in
+// service). Called with m.mu held.
 func (m *Manager) repair(ctx context.Context, chainIDs []uint64) (int, error) {
 	now := m.now()
 	st := m.newStage()
 	loads := make(map[int]map[uint64]int)
 	for _, id := range chainIDs {
 		c := m.chains[id]
-		if c.width() < 2 || countState(c, stateServing) == 0 {
+		if c.width() < 2 || countState(c, stateServing) == 0 || !c.Used && m.rebuildable(uint32(c.width())) {
+			// Unused chains are rebuilt instead (buildChains).
 			continue
 		}
 		load := loads[c.width()]

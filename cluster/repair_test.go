@@ -57,6 +57,7 @@ func TestRemoveTarget(t *testing.T) {
 	ctx := context.Background()
 	e := newReplEnv(t, node{targets: 1}, node{targets: 1}, node{targets: 1}, node{targets: 1})
 	e.ensure(2)
+	e.use(2)
 	in4 := e.inChains(2, 4)
 	n, err := e.m.RemoveTarget(ctx, 4)
 	if err != nil || int(n) != len(in4) || n == 0 {
@@ -100,6 +101,7 @@ func TestRemoveTargetWithoutReplacement(t *testing.T) {
 	ctx := context.Background()
 	e := newReplEnv(t, node{targets: 1}, node{targets: 1})
 	e.ensure(2) // chain 3 = [1 2], chain 4 = [2 1]
+	e.use(2)
 	// Target 2 is the only up-to-date copy of chain 4 while 1 syncs:
 	// removing 2 keeps it there until 1 has synced.
 	e.down(2)

@@ -14,12 +14,14 @@ import (
 )
 
 // threeByTwo is three servers of one target each with chains of two:
-// chain 4 = [1 2], 5 = [2 3], 6 = [3 1] (chains 1-3 have one replica).
+// chain 4 = [1 2], 5 = [2 3], 6 = [3 1] (chains 1-3 have one replica),
+// all used by files.
 func threeByTwo(t *testing.T) *replEnv {
 	t.Helper()
 	e := newReplEnv(t, node{targets: 1}, node{targets: 1}, node{targets: 1})
 	e.ensure(2)
 	e.wantChains("built", map[uint64]string{4: "v1 1/serving,2/serving", 5: "v1 2/serving,3/serving", 6: "v1 3/serving,1/serving"})
+	e.use(2)
 	return e
 }
 

@@ -31,7 +31,7 @@ const (
 // clearly), never fatal.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	gs := rpc.NewServer()
-	weftv1.RegisterDataServer(gs, s)
+	weftv1.RegisterDataServer(gs, dataService{s})
 	addr := s.advertiseAddr(lis)
 
 	loopCtx, stopLoop := context.WithCancel(ctx)

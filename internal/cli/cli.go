@@ -59,7 +59,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 Start a whole cluster on this machine with "weft up", or run the daemons
 separately: "weft meta", "weft data" and "weft mount". "weft status" shows
 the health of a cluster, "weft layout" the striping and replicas of files and
-directories; "weft target remove" replaces a lost disk in its chains.`,
+directories; "weft target remove" replaces a lost disk in its chains;
+"weft scrub" verifies every chunk now and repairs bad copies.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          noArgs,
@@ -81,6 +82,7 @@ directories; "weft target remove" replaces a lost disk in its chains.`,
 		newStatusCmd(),
 		newLayoutCmd(),
 		newTargetCmd(),
+		newScrubCmd(),
 		newVersionCmd(),
 	)
 	return root

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,10 +74,10 @@ func sameFiles(a, b string) bool {
 // TestCorruptChunkRepaired damages one replica of a chunk of each of two
 // replicas-2 files. The first is read through a fresh mount: the reads
 // return the right bytes and the bad copy is repaired from the good one.
-// The second is never read: the background scrub finds and repairs it.
+// The second is never read: weft scrub finds and repairs it (the
+// background scrub is off, so the repair is the command's).
 func TestCorruptChunkRepaired(t *testing.T) {
-	started := time.Now()
-	c := newFailCluster(t, 2, []string{"--replicas", "2"}, func(int) []string { return []string{"--scrub-rate", "500MiB"} })
+	c := newFailCluster(t, 2, []string{"--replicas", "2"}, func(int) []string { return []string{"--scrub-rate", "0"} })
 	c.waitHealthy(2, failWait)
 	mnt := c.mount()
 	const size = 4<<20 + 777
@@ -122,15 +124,31 @@ func TestCorruptChunkRepaired(t *testing.T) {
 	t.Logf("a damaged copy read through the mount was repaired %v after the damage (%d reads, all correct)",
 		time.Since(corruptAt).Round(time.Millisecond), reads)
 
-	// The scrub's first pass starts a minute after a data server starts.
-	deadline := started.Add(time.Minute + 30*time.Second)
-	for !sameFiles(scrubBad, scrubGood) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the scrub did not repair %s within 90s of the data servers' start", scrubBad)
-		}
-		time.Sleep(200 * time.Millisecond)
+	// weft scrub runs a pass on every data server now: data server 2
+	// finds the bad copy and repairs it before the command returns.
+	if sameFiles(scrubBad, scrubGood) {
+		t.Fatalf("%s was repaired before the scrub (it was never read)", scrubBad)
 	}
-	t.Logf("the scrub repaired the damaged copy %v after the data servers started", time.Since(started).Round(time.Millisecond))
+	scrubStart := time.Now()
+	out, err := exec.Command(c.exe, "scrub", "--meta", c.metaAddr).CombinedOutput()
+	t.Logf("weft scrub (%v):\n%s", time.Since(scrubStart).Round(time.Millisecond), out)
+	if err != nil {
+		t.Fatalf("weft scrub: %v", err)
+	}
+	for _, re := range []string{
+		// Each holds both files: 2 x 5 chunks of 1 MiB (the last short); a
+		// bad copy's bytes are not counted as verified.
+		`(?m)^data server [12] \(127\.0\.0\.1:[0-9]+\): 10 chunks, 8\.0 MiB verified, 0 bad copies found, 0 repaired$`,
+		`(?m)^data server [12] \(127\.0\.0\.1:[0-9]+\): 10 chunks, [0-9.]+ MiB verified, 1 bad copy found, 1 repaired$`,
+		`(?m)^total \(2 data servers\): 20 chunks, [0-9.]+ MiB verified, 1 bad copy found, 1 repaired$`,
+	} {
+		if !regexp.MustCompile(re).Match(out) {
+			t.Errorf("weft scrub output does not match %s", re)
+		}
+	}
+	if !sameFiles(scrubBad, scrubGood) {
+		t.Fatalf("weft scrub returned but %s is still damaged", scrubBad)
+	}
 	logs, _ := os.ReadFile(filepath.Join(c.base, "logs", "data2.log"))
 	if !strings.Contains(string(logs), "repaired chunk") {
 		t.Errorf("data server 2 did not log the repair")

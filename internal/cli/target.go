@@ -126,7 +126,7 @@ func writeRemoval(w io.Writer, id uint64, before, after *weftv1.StatusResponse, 
 	for _, c := range after.GetChainList() {
 		now[c.GetId()] = c
 	}
-	var replaced, stuck, kept uint32
+	var replaced, stuck, kept, rebuilt, dropped uint32
 	var single []string
 	for _, c := range before.GetChainList() {
 		if !hasMember(c, id) {
@@ -139,16 +139,26 @@ func writeRemoval(w io.Writer, id uint64, before, after *weftv1.StatusResponse, 
 		n := now[c.GetId()]
 		switch {
 		case n == nil:
+			dropped++ // an unused chain it was the home of
 		case hasMember(n, id):
 			kept++
 		case addedSyncing(c, n):
 			replaced++
+		case uint32(len(n.GetMembers())) >= n.GetReplicas():
+			rebuilt++ // unused: planned again over the other targets
 		default:
 			stuck++
 		}
 	}
 	if replaced > 0 {
 		fmt.Fprintf(w, "  %d %s got a new member, which copies the data in the background\n", replaced, plural(replaced, "chain"))
+	}
+	if rebuilt > 0 {
+		fmt.Fprintf(w, "  %d unused %s (no file on %s yet) rebuilt over the other targets\n",
+			rebuilt, plural(rebuilt, "chain"), choose(rebuilt, "it", "them"))
+	}
+	if dropped > 0 {
+		fmt.Fprintf(w, "  %d unused %s it headed dropped\n", dropped, plural(dropped, "chain"))
 	}
 	if kept > 0 {
 		fmt.Fprintf(w, "  %d %s keep it until another member has synced: it holds their only up-to-date copy\n", kept, plural(kept, "chain"))

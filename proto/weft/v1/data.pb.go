@@ -1203,6 +1203,113 @@ func (*PushChunkResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{17}
 }
 
+// ScrubRequest asks a data server for a full scrub pass now, at full
+// speed, over every chunk of every target (admin: weft scrub).
+type ScrubRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScrubRequest) Reset() {
+	*x = ScrubRequest{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubRequest) ProtoMessage() {}
+
+func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
+func (*ScrubRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{18}
+}
+
+// ScrubResponse counts what the pass found, over all the server's targets.
+type ScrubResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunks        uint64                 `protobuf:"varint,1,opt,name=chunks,proto3" json:"chunks,omitempty"`     // chunks verified
+	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`       // bytes verified
+	Errors        uint64                 `protobuf:"varint,3,opt,name=errors,proto3" json:"errors,omitempty"`     // bad copies found (checksum, header, truncated)
+	Repaired      uint64                 `protobuf:"varint,4,opt,name=repaired,proto3" json:"repaired,omitempty"` // bad copies replaced from a serving peer
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScrubResponse) Reset() {
+	*x = ScrubResponse{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScrubResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScrubResponse) ProtoMessage() {}
+
+func (x *ScrubResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScrubResponse.ProtoReflect.Descriptor instead.
+func (*ScrubResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ScrubResponse) GetChunks() uint64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
+func (x *ScrubResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ScrubResponse) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *ScrubResponse) GetRepaired() uint64 {
+	if x != nil {
+		return x.Repaired
+	}
+	return 0
+}
+
 var File_proto_weft_v1_data_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_data_proto_rawDesc = "" +
@@ -1288,7 +1395,13 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x05chunk\x18\x03 \x01(\v2\x12.weft.v1.FullChunkR\x05chunk\x12\x14\n" +
 	"\x05force\x18\x04 \x01(\bR\x05force\x12\x1b\n" +
 	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x13\n" +
-	"\x11PushChunkResponse2\xb5\x04\n" +
+	"\x11PushChunkResponse\"\x0e\n" +
+	"\fScrubRequest\"q\n" +
+	"\rScrubResponse\x12\x16\n" +
+	"\x06chunks\x18\x01 \x01(\x04R\x06chunks\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06errors\x18\x03 \x01(\x04R\x06errors\x12\x1a\n" +
+	"\brepaired\x18\x04 \x01(\x04R\brepaired2\xed\x04\n" +
 	"\x04Data\x12E\n" +
 	"\n" +
 	"WriteChunk\x12\x1a.weft.v1.WriteChunkRequest\x1a\x1b.weft.v1.WriteChunkResponse\x12B\n" +
@@ -1300,7 +1413,8 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\n" +
 	"ListChunks\x12\x1a.weft.v1.ListChunksRequest\x1a\x1b.weft.v1.ListChunksResponse\x12B\n" +
 	"\rReadFullChunk\x12\x1d.weft.v1.ReadFullChunkRequest\x1a\x12.weft.v1.FullChunk\x12B\n" +
-	"\tPushChunk\x12\x19.weft.v1.PushChunkRequest\x1a\x1a.weft.v1.PushChunkResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
+	"\tPushChunk\x12\x19.weft.v1.PushChunkRequest\x1a\x1a.weft.v1.PushChunkResponse\x126\n" +
+	"\x05Scrub\x12\x15.weft.v1.ScrubRequest\x1a\x16.weft.v1.ScrubResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
 	file_proto_weft_v1_data_proto_rawDescOnce sync.Once
@@ -1314,7 +1428,7 @@ func file_proto_weft_v1_data_proto_rawDescGZIP() []byte {
 	return file_proto_weft_v1_data_proto_rawDescData
 }
 
-var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*ChunkID)(nil),              // 0: weft.v1.ChunkID
 	(*WriteChunkRequest)(nil),    // 1: weft.v1.WriteChunkRequest
@@ -1334,6 +1448,8 @@ var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*ReadFullChunkRequest)(nil), // 15: weft.v1.ReadFullChunkRequest
 	(*PushChunkRequest)(nil),     // 16: weft.v1.PushChunkRequest
 	(*PushChunkResponse)(nil),    // 17: weft.v1.PushChunkResponse
+	(*ScrubRequest)(nil),         // 18: weft.v1.ScrubRequest
+	(*ScrubResponse)(nil),        // 19: weft.v1.ScrubResponse
 }
 var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	0,  // 0: weft.v1.WriteChunkRequest.chunk:type_name -> weft.v1.ChunkID
@@ -1352,16 +1468,18 @@ var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	12, // 13: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
 	15, // 14: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
 	16, // 15: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
-	2,  // 16: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
-	4,  // 17: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
-	6,  // 18: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
-	8,  // 19: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
-	10, // 20: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
-	13, // 21: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
-	14, // 22: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
-	17, // 23: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
-	16, // [16:24] is the sub-list for method output_type
-	8,  // [8:16] is the sub-list for method input_type
+	18, // 16: weft.v1.Data.Scrub:input_type -> weft.v1.ScrubRequest
+	2,  // 17: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
+	4,  // 18: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
+	6,  // 19: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
+	8,  // 20: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
+	10, // 21: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
+	13, // 22: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
+	14, // 23: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
+	17, // 24: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
+	19, // 25: weft.v1.Data.Scrub:output_type -> weft.v1.ScrubResponse
+	17, // [17:26] is the sub-list for method output_type
+	8,  // [8:17] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1378,7 +1496,7 @@ func file_proto_weft_v1_data_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_data_proto_rawDesc), len(file_proto_weft_v1_data_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

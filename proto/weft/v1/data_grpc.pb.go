@@ -27,6 +27,7 @@ const (
 	Data_ListChunks_FullMethodName    = "/weft.v1.Data/ListChunks"
 	Data_ReadFullChunk_FullMethodName = "/weft.v1.Data/ReadFullChunk"
 	Data_PushChunk_FullMethodName     = "/weft.v1.Data/PushChunk"
+	Data_Scrub_FullMethodName         = "/weft.v1.Data/Scrub"
 )
 
 // DataClient is the client API for Data service.
@@ -44,6 +45,8 @@ type DataClient interface {
 	ListChunks(ctx context.Context, in *ListChunksRequest, opts ...grpc.CallOption) (*ListChunksResponse, error)
 	ReadFullChunk(ctx context.Context, in *ReadFullChunkRequest, opts ...grpc.CallOption) (*FullChunk, error)
 	PushChunk(ctx context.Context, in *PushChunkRequest, opts ...grpc.CallOption) (*PushChunkResponse, error)
+	// Administration: a full scrub pass now; answers when it is done.
+	Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.CallOption) (*ScrubResponse, error)
 }
 
 type dataClient struct {
@@ -134,6 +137,16 @@ func (c *dataClient) PushChunk(ctx context.Context, in *PushChunkRequest, opts .
 	return out, nil
 }
 
+func (c *dataClient) Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.CallOption) (*ScrubResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScrubResponse)
+	err := c.cc.Invoke(ctx, Data_Scrub_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DataServer is the server API for Data service.
 // All implementations must embed UnimplementedDataServer
 // for forward compatibility.
@@ -149,6 +162,8 @@ type DataServer interface {
 	ListChunks(context.Context, *ListChunksRequest) (*ListChunksResponse, error)
 	ReadFullChunk(context.Context, *ReadFullChunkRequest) (*FullChunk, error)
 	PushChunk(context.Context, *PushChunkRequest) (*PushChunkResponse, error)
+	// Administration: a full scrub pass now; answers when it is done.
+	Scrub(context.Context, *ScrubRequest) (*ScrubResponse, error)
 	mustEmbedUnimplementedDataServer()
 }
 
@@ -182,6 +197,9 @@ func (UnimplementedDataServer) ReadFullChunk(context.Context, *ReadFullChunkRequ
 }
 func (UnimplementedDataServer) PushChunk(context.Context, *PushChunkRequest) (*PushChunkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PushChunk not implemented")
+}
+func (UnimplementedDataServer) Scrub(context.Context, *ScrubRequest) (*ScrubResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Scrub not implemented")
 }
 func (UnimplementedDataServer) mustEmbedUnimplementedDataServer() {}
 func (UnimplementedDataServer) testEmbeddedByValue()              {}
@@ -348,6 +366,24 @@ func _Data_PushChunk_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Data_Scrub_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScrubRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataServer).Scrub(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Data_Scrub_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataServer).Scrub(ctx, req.(*ScrubRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Data_ServiceDesc is the grpc.ServiceDesc for Data service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -386,6 +422,10 @@ var Data_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PushChunk",
 			Handler:    _Data_PushChunk_Handler,
+		},
+		{
+			MethodName: "Scrub",
+			Handler:    _Data_Scrub_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
