@@ -1,7 +1,7 @@
 # weft build and test entry points.
 GO ?= go
 
-.PHONY: build test vet fmt-check up bench clean
+.PHONY: build test vet fmt-check up bench bench-tmpfs clean
 
 build:
 	$(GO) build -o bin/weft ./cmd/weft
@@ -21,6 +21,16 @@ fmt-check:
 # mount at ./weft-mnt). Ctrl-C stops it.
 up: build
 	./bin/weft up
+
+# Compare a weft up cluster (replicas 1, then 3) with a FUSE loopback of the
+# same disk and the disk itself; writes bench-report/. BENCH_ARGS changes the
+# weft bench flags (see bench/compare.sh).
+bench: build
+	bench/compare.sh bench-report
+
+# The same comparison with every backing directory on a tmpfs (needs root).
+bench-tmpfs: build
+	bench/compare.sh --tmpfs bench-report-tmpfs
 
 clean:
 	rm -rf bin

@@ -84,6 +84,9 @@ directories; "weft target remove" replaces a lost disk in its chains;
 		newTargetCmd(),
 		newScrubCmd(),
 		newVersionCmd(),
+		newBenchCmd(),
+		newBenchWorkerCmd(),
+		newLoopbackCmd(),
 	)
 	return root
 }

@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/spf13/cobra"
+)
+
+// loopbackFlags are the flags of "weft loopback".
+type loopbackFlags struct {
+	passthrough bool
+	debug       bool
+}
+
+func newLoopbackCmd() *cobra.Command {
+	var f loopbackFlags
+	cmd := &cobra.Command{
+		Use:   "loopback [flags] SRC MNT",
+		Short: "Mount SRC at MNT through a plain FUSE loopback (the baseline of weft bench)",
+		Long: `Mount the directory SRC at MNT through go-fuse's loopback file system, tuned as
+a network client would be (1 MiB requests, 64 background requests) and with
+kernel passthrough off, so every read and write goes through this process:
+the FUSE cost weft is compared against. --passthrough lets the kernel read
+and write the backing files directly instead.
+
+Runs in the foreground until SIGINT or SIGTERM, then unmounts.
+
+Example:
+  weft loopback /var/tmp/lo-src /var/tmp/lo-mnt &
+  weft bench --compare /mnt/weft /var/tmp/lo-mnt /var/tmp/local`,
+		Args: exactArgs(2, "SRC and MNT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runLoopback(cmd, f, args[0], args[1])
+		},
+	}
+	cmd.Flags().BoolVar(&f.passthrough, "passthrough", false, "let the kernel do reads and writes on the backing files (FUSE passthrough)")
+	cmd.Flags().BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	return cmd
+}
+
+// runLoopback mounts, waits for the context and unmounts.
+func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
+	src, err := filepath.Abs(src)
+	if err != nil {
+		return failure("find "+src, err, "give an existing directory")
+	}
+	mnt, err = filepath.Abs(mnt)
+	if err != nil {
+		return failure("find "+mnt, err, "give an existing directory")
+	}
+	for _, d := range []string{src, mnt} {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return failure("use "+d, fmt.Errorf("not a directory (%v)", err), "create it first")
+		}
+	}
+	root, err := fs.NewLoopbackRoot(src)
+	if err != nil {
+		return failure("open "+src, err, "check that it is readable")
+	}
+	isRoot := os.Geteuid() == 0
+	sec := time.Second
+	opts := &fs.Options{
+		AttrTimeout:  &sec,
+		EntryTimeout: &sec,
+		MountOptions: fuse.MountOptions{
+			MaxWrite:      1 << 20,
+			MaxBackground: 64,
+			AllowOther:    isRoot,
+			DirectMount:   isRoot,
+			FsName:        src,
+			Name:          "weft-loopback",
+			Debug:         f.debug,
+		},
+	}
+	if !f.passthrough {
+		opts.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
+	}
+	server, err := fs.Mount(mnt, root, opts)
+	if err != nil {
+		return failure("mount the loopback of "+src+" at "+mnt, err, "check that /dev/fuse exists and fuse3 is installed (fusermount3 when not root)")
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "loopback of %s mounted at %s (passthrough %v); Ctrl-C unmounts\n", src, mnt, f.passthrough)
+	done := make(chan struct{})
+	go func() {
+		server.Wait()
+		close(done)
+	}()
+	select {
+	case <-cmd.Context().Done():
+	case <-done:
+		return nil
+	}
+	var uerr error
+	for i := 0; i < 50; i++ {
+		if uerr = server.Unmount(); uerr == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if uerr != nil {
+		return failure("unmount "+mnt, uerr, "close the files open there and run: umount "+mnt)
+	}
+	<-done
+	return nil
+}
