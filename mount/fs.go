@@ -155,10 +155,11 @@ func (fs *weftFS) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.
 		err error
 	)
 	if req.Valid == 0 {
-		a, err = fs.c.GetAttr(ctx, in.NodeId)
-	} else {
-		a, err = fs.c.SetAttr(ctx, req)
+		// The kernel sends a setattr that changes nothing for
+		// chown(f, -1, -1) and the like, which still sets ctime.
+		req.Valid = uint32(weftv1.SetAttrValid_SETATTR_CTIME_NOW)
 	}
+	a, err = fs.c.SetAttr(ctx, req)
 	if err != nil {
 		return status(fs.log, "setattr", in.NodeId, err)
 	}

@@ -63,6 +63,11 @@ func fillAttr(a *weftv1.Attr, out *fuse.Attr) {
 	out.Atime, out.Atimensec = splitNs(a.AtimeNs)
 	out.Mtime, out.Mtimensec = splitNs(a.MtimeNs)
 	out.Ctime, out.Ctimensec = splitNs(a.CtimeNs)
+	if a.Mode&syscall.S_IFMT == syscall.S_IFDIR && a.Size == 0 {
+		// Directories have no data of their own; report what local file
+		// systems do, as some tools expect a non-zero size.
+		out.Size, out.Blocks = 4096, 8
+	}
 	out.Blksize = 4096
 	if cs := a.GetLayout().GetChunkSize(); cs > 0 {
 		out.Blksize = min(cs, maxWrite)

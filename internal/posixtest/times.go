@@ -47,6 +47,7 @@ var timeTests = []testCase{
 		if os.Geteuid() == 0 {
 			timesChange(e, "chown", p, func() { chown(e.t, p, uidOwner, -1) }, false, true)
 		}
+		timesChange(e, "chown -1 -1", p, func() { chown(e.t, p, -1, -1) }, false, true)
 		timesChange(e, "link", p, func() { must(e.t, unix.Link(p, e.path("g")), "link") }, false, true)
 		timesChange(e, "unlink of another link", p, func() { must(e.t, unix.Unlink(e.path("g")), "unlink") }, false, true)
 		timesChange(e, "truncate", p, func() { must(e.t, unix.Truncate(p, 2), "truncate") }, true, true)

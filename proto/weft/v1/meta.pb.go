@@ -37,6 +37,8 @@ const (
 	SetAttrValid_SETATTR_MTIME     SetAttrValid = 32
 	SetAttrValid_SETATTR_ATIME_NOW SetAttrValid = 64
 	SetAttrValid_SETATTR_MTIME_NOW SetAttrValid = 128
+	// Only set ctime to now (what chown(f, -1, -1) does).
+	SetAttrValid_SETATTR_CTIME_NOW SetAttrValid = 256
 )
 
 // Enum value maps for SetAttrValid.
@@ -51,6 +53,7 @@ var (
 		32:  "SETATTR_MTIME",
 		64:  "SETATTR_ATIME_NOW",
 		128: "SETATTR_MTIME_NOW",
+		256: "SETATTR_CTIME_NOW",
 	}
 	SetAttrValid_value = map[string]int32{
 		"SETATTR_NONE":      0,
@@ -62,6 +65,7 @@ var (
 		"SETATTR_MTIME":     32,
 		"SETATTR_ATIME_NOW": 64,
 		"SETATTR_MTIME_NOW": 128,
+		"SETATTR_CTIME_NOW": 256,
 	}
 )
 
@@ -4739,7 +4743,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\vsync_eta_ms\x18\x0f \x01(\x03R\tsyncEtaMs\x12\x1a\n" +
 	"\bwarnings\x18\x10 \x03(\tR\bwarnings\x12-\n" +
 	"\n" +
-	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList*\xbb\x01\n" +
+	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList*\xd3\x01\n" +
 	"\fSetAttrValid\x12\x10\n" +
 	"\fSETATTR_NONE\x10\x00\x12\x10\n" +
 	"\fSETATTR_MODE\x10\x01\x12\x0f\n" +
@@ -4749,7 +4753,8 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\rSETATTR_ATIME\x10\x10\x12\x11\n" +
 	"\rSETATTR_MTIME\x10 \x12\x15\n" +
 	"\x11SETATTR_ATIME_NOW\x10@\x12\x16\n" +
-	"\x11SETATTR_MTIME_NOW\x10\x80\x01*I\n" +
+	"\x11SETATTR_MTIME_NOW\x10\x80\x01\x12\x16\n" +
+	"\x11SETATTR_CTIME_NOW\x10\x80\x02*I\n" +
 	"\vRenameFlags\x12\x0f\n" +
 	"\vRENAME_NONE\x10\x00\x12\x14\n" +
 	"\x10RENAME_NOREPLACE\x10\x01\x12\x13\n" +
