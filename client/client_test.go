@@ -273,7 +273,9 @@ func TestAppendAndFallocate(t *testing.T) {
 		{"grow", 0, 0, 200 << 10, 200 << 10, nil, 0, 0},
 		{"keep size", FallocKeepSize, 0, 1 << 20, 200 << 10, nil, 0, 0},
 		{"punch hole", FallocPunchHole | FallocKeepSize, 1, 150 << 10, 200 << 10, nil, 1, 150<<10 + 1},
-		{"zero range unsupported", 0x10, 0, 10, 200 << 10, syscall.EOPNOTSUPP, 0, 0},
+		{"zero range", FallocZeroRange | FallocKeepSize, 100, 1 << 20, 200 << 10, nil, 100, 200 << 10},
+		{"zero range grows", FallocZeroRange, 150 << 10, 100 << 10, 250 << 10, nil, 150 << 10, 250 << 10},
+		{"collapse range unsupported", 0x8, 0, 10, 250 << 10, syscall.EOPNOTSUPP, 0, 0},
 	}
 	w, _ := open(t, c, "log", syscall.O_RDWR)
 	defer w.Release(ctx)
@@ -298,7 +300,8 @@ func TestAppendAndFallocate(t *testing.T) {
 			}
 			if tt.zeroEnd > 0 {
 				got := readAll(t, w, int(a.Size), 1<<20)
-				want := bytes.Clone(fill)
+				want := make([]byte, a.Size)
+				copy(want, fill)
 				clear(want[tt.zeroStart:tt.zeroEnd])
 				if !bytes.Equal(got, want) {
 					t.Error("punched range does not read as zeros with the rest intact")

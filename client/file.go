@@ -14,6 +14,7 @@ import (
 const (
 	FallocKeepSize  = 0x1
 	FallocPunchHole = 0x2
+	FallocZeroRange = 0x10
 )
 
 // File is an open file: a handle on an inode opened through this Client.
@@ -203,54 +204,74 @@ func (f *File) Release(ctx context.Context) error {
 
 // Fallocate implements fallocate(2) modes: 0 grows the file to off+length
 // if shorter; FallocKeepSize is accepted (space is not reserved);
-// FallocPunchHole|FallocKeepSize writes zeros over the range (within the
-// file's size). Other modes fail with EOPNOTSUPP.
+// FallocPunchHole|FallocKeepSize and FallocZeroRange(|FallocKeepSize)
+// write zeros over the range (within the file's size; zero range without
+// keep-size also grows the file). Other modes (collapse, insert range)
+// fail with EOPNOTSUPP.
 func (f *File) Fallocate(ctx context.Context, mode uint32, off, length uint64) error {
 	if f.in == nil {
 		return errNotRegular
 	}
-	in := f.in
 	switch mode {
 	case 0:
-		in.mu.Lock()
-		size, err := in.sizeLocked(), in.err
-		in.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		if off+length <= size {
-			return nil
-		}
-		in.commitMu.Lock()
-		defer in.commitMu.Unlock()
-		resp, err := f.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{
-			Caller: f.caller, Ino: f.ino, Size: off + length, MtimeNs: time.Now().UnixNano(),
-		})
-		if err != nil {
-			return fmt.Errorf("grow file %d to %d bytes: %w", f.ino, off+length, err)
-		}
-		in.mu.Lock()
-		in.metaSize = max(in.metaSize, resp.GetAttr().GetSize())
-		in.attrGen++
-		in.mu.Unlock()
-		return nil
+		return f.grow(ctx, off+length)
 	case FallocKeepSize:
 		return nil
-	case FallocPunchHole | FallocKeepSize:
-		in.mu.Lock()
-		size := in.sizeLocked()
-		in.mu.Unlock()
-		end := min(off+length, size)
-		zeros := make([]byte, min(end-min(off, end), 1<<20))
-		for pos := off; pos < end; {
-			n := min(uint64(len(zeros)), end-pos)
-			if _, err := in.write(zeros[:n], pos, false, f.caller); err != nil {
-				return err
-			}
-			f.c.relieve(ctx, in)
-			pos += n
+	case FallocPunchHole | FallocKeepSize, FallocZeroRange | FallocKeepSize:
+		return f.zero(ctx, off, length)
+	case FallocZeroRange:
+		if err := f.zero(ctx, off, length); err != nil {
+			return err
 		}
-		return nil
+		return f.grow(ctx, off+length)
 	}
 	return fmt.Errorf("fallocate mode %#x: %w", mode, syscall.EOPNOTSUPP)
+}
+
+// grow makes the file at least size bytes long (the new range reads as
+// zeros).
+func (f *File) grow(ctx context.Context, size uint64) error {
+	in := f.in
+	in.mu.Lock()
+	cur, err := in.sizeLocked(), in.err
+	in.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if size <= cur {
+		return nil
+	}
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	resp, err := f.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{
+		Caller: f.caller, Ino: f.ino, Size: size, MtimeNs: time.Now().UnixNano(),
+	})
+	if err != nil {
+		return fmt.Errorf("grow file %d to %d bytes: %w", f.ino, size, err)
+	}
+	in.mu.Lock()
+	in.metaSize = max(in.metaSize, resp.GetAttr().GetSize())
+	in.attrGen++
+	in.mu.Unlock()
+	return nil
+}
+
+// zero writes zeros over [off, off+length) within the file's current
+// size (punch hole and zero range keep no holes on the targets yet).
+func (f *File) zero(ctx context.Context, off, length uint64) error {
+	in := f.in
+	in.mu.Lock()
+	size := in.sizeLocked()
+	in.mu.Unlock()
+	end := min(off+length, size)
+	zeros := make([]byte, min(end-min(off, end), 1<<20))
+	for pos := off; pos < end; {
+		n := min(uint64(len(zeros)), end-pos)
+		if _, err := in.write(zeros[:n], pos, false, f.caller); err != nil {
+			return err
+		}
+		f.c.relieve(ctx, in)
+		pos += n
+	}
+	return nil
 }

@@ -191,4 +191,25 @@ var fsTests = []testCase{
 		closeFd(&fd)
 		wantContent(e.t, p, data)
 	}},
+	{"FallocateZeroRange", func(e *env) {
+		if e.opts.SkipFallocate || e.opts.SkipPunchHole {
+			e.t.Skip("zeroing ranges not supported (Options.SkipFallocate, SkipPunchHole)")
+		}
+		p := e.path("f")
+		data := pattern(2*mib, 9)
+		writeFile(e.t, p, data, 0o644)
+		fd, err := unix.Open(p, unix.O_RDWR, 0)
+		must(e.t, err, "open %s", p)
+		defer closeFd(&fd)
+		must(e.t, unix.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, mib-3, 100*kib), "fallocate %s ZERO_RANGE|KEEP_SIZE", p)
+		clear(data[mib-3 : mib-3+100*kib])
+		wantSize(e.t, p, 2*mib)
+		// Without KEEP_SIZE a range past the end grows the file.
+		must(e.t, unix.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE, 2*mib-10, 20), "fallocate %s ZERO_RANGE past the end", p)
+		clear(data[2*mib-10:])
+		data = append(data, make([]byte, 10)...)
+		wantSize(e.t, p, 2*mib+10)
+		closeFd(&fd)
+		wantContent(e.t, p, data)
+	}},
 }
