@@ -3,12 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/meta"
+	"github.com/weft-fs/weft/meta/kv"
+	"github.com/weft-fs/weft/meta/kv/etcdkv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -26,6 +29,9 @@ type metaFlags struct {
 	chunkSize         string
 	stripeCount       uint32
 	replicas          uint32
+	engine            string
+	etcdEndpoints     string
+	etcdPrefix        string
 	debug             bool
 }
 
@@ -38,7 +44,11 @@ func newMetaCmd() *cobra.Command {
 
 It keeps all its state under --dir and writes the address it listens on to
 DIR/address once it accepts connections. Data servers (weft data --meta ADDR)
-register with it; clients (weft mount --meta ADDR) talk to it.`,
+register with it; clients (weft mount --meta ADDR) talk to it.
+
+The metadata lives in an embedded database in DIR (--engine pebble, the
+default) or in an etcd cluster (--engine etcd --etcd-endpoints HOST:PORT,...),
+under the key prefix --etcd-prefix.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runMeta(cmd.Context(), cmd, f)
@@ -54,6 +64,9 @@ register with it; clients (weft mount --meta ADDR) talk to it.`,
 	fl.StringVar(&f.chunkSize, "chunk-size", "1MiB", "chunk size of the cluster's default layout (power of two, 64KiB..64MiB)")
 	fl.Uint32Var(&f.stripeCount, "stripe-count", 4, "stripe count of the cluster's default layout (chains per file, at least 1)")
 	fl.Uint32Var(&f.replicas, "replicas", 1, fmt.Sprintf("copies of every chunk in the cluster's default layout (1..%d)", maxReplicas))
+	fl.StringVar(&f.engine, "engine", "pebble", "metadata engine: pebble (embedded, in --dir) or etcd")
+	fl.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd client endpoints for --engine etcd (host:port,...)")
+	fl.StringVar(&f.etcdPrefix, "etcd-prefix", etcdkv.DefaultPrefix, "key prefix of this cluster's metadata in etcd")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
 	return cmd
 }
@@ -93,12 +106,25 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 	if f.sessionLease <= 0 {
 		return usagef("--session-lease must be positive, got %v", f.sessionLease)
 	}
+	endpoints, err := checkEngineFlags(f)
+	if err != nil {
+		return err
+	}
 	if err := ensureDir(f.dir, "--dir"); err != nil {
 		return err
 	}
 	log := newLogger(cmd.ErrOrStderr(), f.debug)
+	var eng kv.Engine
+	if f.engine == "etcd" {
+		e, err := etcdkv.Open(ctx, etcdkv.Options{Endpoints: endpoints, Prefix: f.etcdPrefix})
+		if err != nil {
+			return failure("open the etcd metadata engine", err, "")
+		}
+		eng = e
+	}
 	svc, err := meta.Open(ctx, meta.Config{
 		Dir:           f.dir,
+		Engine:        eng,
 		DefaultLayout: layout,
 		Cluster: cluster.Config{
 			HeartbeatInterval: f.heartbeatInterval,
@@ -109,7 +135,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		SessionLease: f.sessionLease,
 		Logger:       log,
 	})
-	if err != nil {
+	if err != nil { // meta.Open closed eng
 		return failure("open the meta service in "+f.dir, err, "check that no other weft meta uses this directory and that it is writable")
 	}
 	defer svc.Close()
@@ -122,10 +148,38 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		lis.Close()
 		return failure("start the meta service", err, "check that "+f.dir+" is writable")
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "weft meta listening on %s (dir %s, replicas %d)\n", addr, f.dir, layout.Replicas)
+	fmt.Fprintf(cmd.OutOrStdout(), "weft meta listening on %s (dir %s, engine %s, replicas %d)\n", addr, f.dir, f.engine, layout.Replicas)
 	if err := svc.Serve(ctx, lis); err != nil && ctx.Err() == nil {
 		return failure("meta service on "+addr, err, "see the log above for the cause, then start weft meta again")
 	}
 	log.Info("meta service stopped")
 	return nil
+}
+
+// checkEngineFlags validates --engine and its etcd flags and returns the
+// etcd endpoints.
+func checkEngineFlags(f metaFlags) ([]string, error) {
+	switch f.engine {
+	case "pebble":
+		if f.etcdEndpoints != "" {
+			return nil, usagef("--etcd-endpoints is only for --engine etcd (the engine is pebble)")
+		}
+		return nil, nil
+	case "etcd":
+	default:
+		return nil, usagef("--engine must be pebble or etcd, got %q", f.engine)
+	}
+	var endpoints []string
+	for _, ep := range strings.Split(f.etcdEndpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			endpoints = append(endpoints, ep)
+		}
+	}
+	if len(endpoints) == 0 {
+		return nil, usagef("--engine etcd needs --etcd-endpoints HOST:PORT[,HOST:PORT...], the client addresses of the etcd cluster")
+	}
+	if !strings.HasSuffix(f.etcdPrefix, "/") {
+		return nil, usagef("--etcd-prefix must end with '/' (so that one cluster's prefix is not the start of another's), got %q", f.etcdPrefix)
+	}
+	return endpoints, nil
 }
