@@ -387,3 +387,39 @@ func TestEtcdTwoServicesRaceRename(t *testing.T) {
 		}
 	}
 }
+
+// TestEtcdCloseSessionManyOpens closes a session with 200 open files over
+// etcd with its default --max-txn-ops (128): one transaction could not drop
+// them all.
+func TestEtcdCloseSessionManyOpens(t *testing.T) {
+	srv := etcdtest.Start(t)
+	checkCloseManyOpens(t, openService(t, openEtcd(t, srv, "/close/"), startChunkServer(t)))
+}
+
+// TestEtcdManySessionsRestart opens 300 sessions, more than one etcd
+// transaction may renew, and restarts the meta service: it starts, and
+// every session is still there and renewable.
+func TestEtcdManySessionsRestart(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	s := openService(t, openEtcd(t, srv, "/sessions/"), nil)
+	const n = 300
+	var ids []string
+	for i := range n {
+		r, err := s.OpenSession(ctx, &weftv1.OpenSessionRequest{Host: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Session)
+	}
+	s.Close()
+	s = openService(t, openEtcd(t, srv, "/sessions/"), nil)
+	if st := statusOf(t, s); st.Sessions != n {
+		t.Fatalf("%d sessions after restart, want %d", st.Sessions, n)
+	}
+	for _, id := range ids {
+		if _, err := s.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: id}); err != nil {
+			t.Fatalf("renew session %s after restart: %v", id, err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"syscall"
 	"time"
 
@@ -20,9 +21,14 @@ type sessionRecord struct {
 	MountPoint string `json:"mount_point"`
 	Version    string `json:"version"`
 	ExpiresNs  int64  `json:"expires_ns"`
+	// Closing is set once ending the session began but its opens did not
+	// all go in one transaction (see endSession): the session can no
+	// longer be renewed or open more files, and expiry finishes ending it.
+	Closing bool `json:"closing,omitempty"`
 }
 
-// session reads session id; ESTALE if it is unknown or has expired.
+// session reads session id; ESTALE if it is unknown, has expired or is
+// being closed.
 func (x *tx) session(id, op string) (*sessionRecord, error) {
 	v, ok, err := x.t.Get(sessionKey(id))
 	if err != nil {
@@ -34,6 +40,9 @@ func (x *tx) session(id, op string) (*sessionRecord, error) {
 	rec := new(sessionRecord)
 	if err := json.Unmarshal(v, rec); err != nil {
 		return nil, fmt.Errorf("%s: corrupt session record %q: %v: %w", op, id, err, syscall.EIO)
+	}
+	if rec.Closing {
+		return nil, fserr.Wrap(syscall.ESTALE, "%s: session %q is being closed; the client must open a new session", op, id)
 	}
 	return rec, nil
 }
@@ -93,73 +102,189 @@ func (s *Service) CloseSession(ctx context.Context, req *weftv1.CloseSessionRequ
 	return &weftv1.CloseSessionResponse{}, nil
 }
 
-// endSession removes a session and its opens in one transaction. With
-// onlyExpired it does nothing unless the session's lease has run out (so a
-// renewal racing with expiry wins).
+// Batch sizes of the multi-transaction session operations. The etcd engine
+// takes at most --max-txn-ops (default 128) compares, and as many writes,
+// in one transaction; these keep every transaction below that.
+const (
+	// endSessionScan is how many of a session's opens one step of
+	// endSession looks at.
+	endSessionScan = 50
+	// txnOpsBudget bounds the estimated compares, and the writes, of one
+	// step of endSession.
+	txnOpsBudget = 110
+	// extendSessionsBatch is how many sessions one start-up renewal
+	// transaction extends.
+	extendSessionsBatch = 100
+)
+
+// endSession removes a session and its opens. Small sessions go in one
+// transaction; a session with many open files is taken apart in steps of
+// one transaction each, every step a consistent state: the opens it drops
+// are gone together with the orphans whose last open they were (queued for
+// GC). The first step that leaves opens behind marks the session closing,
+// so it can no longer be renewed or open more files, and the session record
+// goes in the last step: if the meta server stops half way, the closing
+// session is still there and expiry finishes the job. With onlyExpired it
+// does nothing unless the session's lease has run out or its close already
+// began (so a renewal racing with expiry wins).
 func (s *Service) endSession(ctx context.Context, id string, onlyExpired bool) error {
-	return s.update(ctx, func(x *tx) error {
+	for {
+		done, err := s.endSessionStep(ctx, id, onlyExpired)
+		if err != nil {
+			return fmt.Errorf("end session %q: %w", id, err)
+		}
+		if done {
+			return nil
+		}
+	}
+}
+
+// endSessionStep is one transaction of endSession; done reports that the
+// session is gone (or, with onlyExpired, is to stay).
+func (s *Service) endSessionStep(ctx context.Context, id string, onlyExpired bool) (done bool, err error) {
+	err = s.update(ctx, func(x *tx) error {
+		done = false
 		v, ok, err := x.t.Get(sessionKey(id))
-		if err != nil || !ok {
+		if err != nil {
 			return err
 		}
-		if onlyExpired {
-			rec := new(sessionRecord)
-			if json.Unmarshal(v, rec) == nil && rec.ExpiresNs > x.now {
-				return nil
-			}
+		if !ok {
+			done = true
+			return nil
+		}
+		rec := new(sessionRecord)
+		if json.Unmarshal(v, rec) != nil {
+			rec = &sessionRecord{} // corrupt: end it
+		} else if onlyExpired && !rec.Closing && rec.ExpiresNs > x.now {
+			done = true
+			return nil
 		}
 		prefix := sessionOpensPrefix(id)
 		var inos []uint64
 		err = x.t.Scan(prefix, kv.PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
 			ino, err := inoFromKeySuffix(k)
 			inos = append(inos, ino)
-			return true, err
-		})
-		if err != nil {
-			return fmt.Errorf("end session %q: %w", id, err)
-		}
-		for _, ino := range inos {
-			if err := x.dropOpen(id, ino); err != nil {
-				return fmt.Errorf("end session %q: drop open of inode %d: %w", id, ino, err)
-			}
-		}
-		return x.t.Delete(sessionKey(id))
-	})
-}
-
-// extendSessions gives every session at least one full lease from now.
-// It runs at start-up so that clients that outlived a meta server restart
-// get the time to renew instead of losing their open files.
-func (s *Service) extendSessions(ctx context.Context) error {
-	return s.update(ctx, func(x *tx) error {
-		recs := map[string]*sessionRecord{}
-		err := x.t.Scan(prefixSession, kv.PrefixEnd(prefixSession), func(k, v []byte) (bool, error) {
-			rec := new(sessionRecord)
-			if json.Unmarshal(v, rec) == nil {
-				recs[string(k[len(prefixSession):])] = rec
-			}
-			return true, nil
+			return len(inos) < endSessionScan, err
 		})
 		if err != nil {
 			return err
 		}
-		for id, rec := range recs {
-			rec.ExpiresNs = max(rec.ExpiresNs, x.now+s.cfg.SessionLease.Nanoseconds())
-			if err := x.putSession(id, rec); err != nil {
+		// Fixed: the session record, the scanned range and keys, the file
+		// counter; the session record's write and the counter's.
+		cmps, writes, dropped := 3+len(inos), 2, 0
+		for _, ino := range inos {
+			room := txnOpsBudget - max(cmps, writes)
+			if dropped == 0 {
+				room = math.MaxInt // the first open goes whatever it costs
+			}
+			c, w, err := x.dropOpenCost(ino, room)
+			if err != nil {
 				return err
 			}
+			if dropped > 0 && (cmps+c > txnOpsBudget || writes+w > txnOpsBudget) {
+				break
+			}
+			cmps, writes = cmps+c, writes+w
+			if err := x.dropOpen(id, ino); err != nil {
+				return fmt.Errorf("drop open of inode %d: %w", ino, err)
+			}
+			dropped++
 		}
-		return nil
+		if dropped == len(inos) && len(inos) < endSessionScan {
+			done = true
+			return x.t.Delete(sessionKey(id))
+		}
+		if rec.Closing {
+			return nil
+		}
+		rec.Closing = true
+		return x.putSession(id, rec)
 	})
+	return done, err
 }
 
-// expireSessions ends every session whose lease ran out.
+// dropOpenCost estimates the compares and writes over etcd of dropping a
+// session's open of ino: for a plain file the orphan record's read and the
+// two open records' deletes; for an orphan, whose last open deletes it,
+// also the reads of its opens, inode and xattrs and the deletes of its
+// records and xattrs, and its GC queue entry. What it reads counts too, so
+// it stops counting xattrs once they do not fit in room and then returns
+// room+1.
+func (x *tx) dropOpenCost(ino uint64, room int) (cmps, writes int, err error) {
+	_, orphan, err := x.t.Get(orphanKey(ino))
+	if err != nil || !orphan {
+		return 1, 2, err
+	}
+	const orphanCmps, orphanWrites = 7, 8
+	n, cut := 0, false
+	prefix := xattrPrefix(ino)
+	err = x.t.Scan(prefix, kv.PrefixEnd(prefix), func(_, _ []byte) (bool, error) {
+		if orphanWrites+n+1 > room {
+			cut = true
+			return false, nil
+		}
+		n++
+		return true, nil
+	})
+	if cut {
+		return room + 1, room + 1, err
+	}
+	return orphanCmps + n, orphanWrites + n, err
+}
+
+// extendSessions gives every session at least one full lease from now, in
+// batches of extendSessionsBatch sessions per transaction. It runs at
+// start-up so that clients that outlived a meta server restart get the
+// time to renew instead of losing their open files. Sessions being closed
+// are left to expiry.
+func (s *Service) extendSessions(ctx context.Context) error {
+	from := prefixSession
+	for {
+		var next []byte
+		err := s.update(ctx, func(x *tx) error {
+			next = nil
+			type session struct {
+				id  string
+				rec *sessionRecord
+			}
+			var sessions []session
+			n := 0
+			err := x.t.Scan(from, kv.PrefixEnd(prefixSession), func(k, v []byte) (bool, error) {
+				if n++; n == extendSessionsBatch {
+					next = append(append([]byte(nil), k...), 0) // the next batch starts after k
+				}
+				rec := new(sessionRecord)
+				if json.Unmarshal(v, rec) == nil && !rec.Closing {
+					sessions = append(sessions, session{string(k[len(prefixSession):]), rec})
+				}
+				return n < extendSessionsBatch, nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, ss := range sessions {
+				ss.rec.ExpiresNs = max(ss.rec.ExpiresNs, x.now+s.cfg.SessionLease.Nanoseconds())
+				if err := x.putSession(ss.id, ss.rec); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil || next == nil {
+			return err
+		}
+		from = next
+	}
+}
+
+// expireSessions ends every session whose lease ran out, and finishes
+// closing those whose close was interrupted.
 func (s *Service) expireSessions(ctx context.Context) error {
 	var expired []string
 	err := s.view(ctx, func(x *tx) error {
 		return x.t.Scan(prefixSession, kv.PrefixEnd(prefixSession), func(k, v []byte) (bool, error) {
 			rec := new(sessionRecord)
-			if err := json.Unmarshal(v, rec); err != nil || rec.ExpiresNs <= x.now {
+			if err := json.Unmarshal(v, rec); err != nil || rec.ExpiresNs <= x.now || rec.Closing {
 				expired = append(expired, string(k[len(prefixSession):]))
 			}
 			return true, nil

@@ -19,13 +19,13 @@
 // Limits: an etcd server accepts at most --max-txn-ops (default 128)
 // compares, and as many writes, in one Txn, and requests of at most
 // --max-request-bytes (default 1.5 MiB). A transaction that reads or
-// writes more keys than that fails with an error naming the flag. Most
-// namespace operations stay far below it (a create reads 4 keys, a rename
-// fewer than 20), but some read or write a few keys per item: ending a
-// session needs 2 compares and 2 writes per open file (64 open files
-// exceed the default), and renewing all sessions at start-up one per
-// session (128 sessions exceed it). Run etcd with a larger --max-txn-ops
-// (e.g. 4096) for clusters of that size.
+// writes more keys than that fails with an error naming the flag. Namespace
+// operations stay far below it (a create reads 4 keys, a rename fewer than
+// 20); those that touch a few keys per item (ending a session with many
+// open files, renewing every session at start-up) split the work into
+// transactions that stay below it, so the default is enough. Only deleting
+// a file with very many extended attributes (60 or more) may need a larger
+// --max-txn-ops.
 // Keep the etcd history compacted (e.g. --auto-compaction-mode=revision
 // --auto-compaction-retention=10000): a transaction whose snapshot was
 // compacted away is retried like a conflict (a View fails).
