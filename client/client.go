@@ -109,6 +109,7 @@ type Client struct {
 // New dials the meta service, opens a session (renewed in the background
 // at a third of its lease) and fetches the chain table.
 func New(ctx context.Context, cfg Config) (*Client, error) {
+	rpc.TuneGC(200)
 	if cfg.MetaAddr == "" {
 		return nil, errors.New("client: no meta service address given")
 	}

@@ -21,13 +21,14 @@ const (
 type raWindow struct {
 	idx  uint64 // chunk index
 	off  uint64 // chunk offset of data[0]
-	data []byte
+	n    uint64 // length of the window
+	data []byte // set when done
 	done chan struct{}
 	err  error
 }
 
 func (w *raWindow) covers(idx, off, n uint64) bool {
-	return w.idx == idx && w.off <= off && off+n <= w.off+uint64(len(w.data))
+	return w.idx == idx && w.off <= off && off+n <= w.off+w.n
 }
 
 // windowFor returns a window covering chunk range [off, off+n) of chunk
@@ -78,13 +79,13 @@ func (in *inode) fetchLocked(layout *weftv1.Layout, idx, off, end uint64) *raWin
 			return w
 		}
 	}
-	w := &raWindow{idx: idx, off: off, data: make([]byte, end-off), done: make(chan struct{})}
+	w := &raWindow{idx: idx, off: off, n: end - off, done: make(chan struct{})}
 	if len(in.ra) >= maxReadAheads {
 		in.ra = in.ra[1:]
 	}
 	in.ra = append(in.ra, w)
 	go func() {
-		w.err = in.c.readChunk(in.c.bg, in.ino, layout, idx, off, w.data)
+		w.data, w.err = in.c.fetchChunk(in.c.bg, in.ino, layout, idx, off, int(end-off))
 		close(w.done)
 	}()
 	return w
@@ -114,7 +115,7 @@ func (in *inode) readPiece(ctx context.Context, layout *weftv1.Layout, size uint
 		}
 		if w.err == nil {
 			copy(dst, w.data[s.off-w.off:])
-			if s.off+s.n == w.off+uint64(len(w.data)) {
+			if s.off+s.n == w.off+w.n {
 				in.mu.Lock()
 				in.dropWindowLocked(w)
 				in.mu.Unlock()

@@ -177,6 +177,32 @@ func (t *chainTable) pickReader(ch *weftv1.Chain, tried map[string]bool) *weftv1
 // failed does it wait (stalled) and start again on a refreshed table; EIO
 // reaches the caller only when every serving replica answered EIO.
 func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, p []byte) error {
+	return c.readChunkTo(ctx, ino, l, idx, off, len(p), func(data []byte) {
+		n := copy(p, data)
+		clear(p[n:])
+	})
+}
+
+// fetchChunk is readChunk into a buffer of its own of n bytes: the
+// received buffer itself when the server sent all n (no copy).
+func (c *Client) fetchChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int) ([]byte, error) {
+	var out []byte
+	err := c.readChunkTo(ctx, ino, l, idx, off, n, func(data []byte) {
+		if len(data) == n {
+			out = data
+			return
+		}
+		out = make([]byte, n)
+		copy(out, data)
+	})
+	return out, err
+}
+
+// readChunkTo reads n bytes of chunk idx at offset off and hands what the
+// server sent (perhaps shorter: the rest reads as zeros) to sink, which
+// may keep it.
+func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int,
+	sink func([]byte)) error {
 	chain := chainFor(l, idx)
 	what := fmt.Sprintf("read chunk %d of file %d", idx, ino)
 	backoff := firstBackoff
@@ -212,13 +238,12 @@ func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, id
 		err = c.attempt(ctx, chain, ch.Version, addr, func(ctx context.Context, dc weftv1.DataClient) error {
 			resp, err := dc.ReadChunk(ctx, &weftv1.ReadChunkRequest{
 				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: ch.Version,
-				Offset: off, Length: uint32(len(p)),
+				Offset: off, Length: uint32(n),
 			})
 			if err != nil {
 				return err
 			}
-			n := copy(p, resp.Data)
-			clear(p[n:])
+			sink(resp.Data)
 			return nil
 		})
 		st.outstanding.Add(-1)

@@ -115,6 +115,7 @@ type chainView struct {
 // <target>/target.id, created on first start) and its targets' chunk store.
 // Nothing talks to the network until Serve.
 func Open(cfg Config) (*Server, error) {
+	rpc.TuneGC(400)
 	if cfg.Dir == "" {
 		return nil, errors.New("open data server: no state directory given")
 	}

@@ -1,6 +1,8 @@
 // Package rpc holds the gRPC settings every weft process shares: message
 // size limits fit for 64 MiB chunks, keepalives, and the errno
-// interceptors of package fserr.
+// interceptors of package fserr, a codec that moves chunk data with fewer
+// copies (codec.go), GC tuning for bulk-data processes (gc.go) and an
+// opt-in pprof endpoint (WEFT_PPROF, pprof.go).
 package rpc
 
 import (
@@ -20,6 +22,9 @@ import (
 // is down.
 const reconnectMaxDelay = time.Second
 
+// bulkCodec sends and receives chunk data with fewer copies (codec.go).
+var bulkCodec = newCodec()
+
 // MaxMessageBytes bounds one RPC message: a 64 MiB chunk plus headers.
 const MaxMessageBytes = 80 << 20
 
@@ -29,6 +34,7 @@ func NewServer(extra ...grpc.ServerOption) *grpc.Server {
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.MaxSendMsgSize(MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(fserr.UnaryServerInterceptor),
+		grpc.ForceServerCodecV2(bulkCodec),
 		grpc.InitialWindowSize(8 << 20),
 		grpc.InitialConnWindowSize(32 << 20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
@@ -41,7 +47,8 @@ func NewServer(extra ...grpc.ServerOption) *grpc.Server {
 func Dial(addr string) (*grpc.ClientConn, error) {
 	cc, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes),
+			grpc.ForceCodecV2(bulkCodec)),
 		grpc.WithChainUnaryInterceptor(fserr.UnaryClientInterceptor),
 		grpc.WithInitialWindowSize(8<<20),
 		grpc.WithInitialConnWindowSize(32<<20),
