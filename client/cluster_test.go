@@ -2,32 +2,21 @@ package client
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/weft-fs/weft/cluster"
-	"github.com/weft-fs/weft/data"
-	"github.com/weft-fs/weft/internal/rpc"
-	"github.com/weft-fs/weft/meta"
+	"github.com/weft-fs/weft/internal/testservers"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // testCluster is a meta service and data servers running in-process.
 type testCluster struct {
+	*testservers.Servers
 	t        *testing.T
 	ctx      context.Context
-	wg       *sync.WaitGroup
-	log      *slog.Logger
 	metaAddr string
-	metaCfg  meta.Config
-	stopMeta func()
 	dataDirs []string
-	stops    []func()
-	opts     clusterOpts
 	proxies  []*countingProxy // per data server, with clusterOpts.proxied
 }
 
@@ -51,111 +40,38 @@ func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 // startClusterOpts is startCluster with options.
 func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clusterOpts) *testCluster {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tc := &testCluster{t: t, proxies: make([]*countingProxy, nData)}
+	o := testservers.Options{DataServers: nData, Layout: layout, FailureTimeout: opts.failureTimeout}
 	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	// Directories first: their removal must run after the servers stop.
-	metaDir := t.TempDir()
-	tc := &testCluster{t: t, log: log, wg: &sync.WaitGroup{}, dataDirs: make([]string, nData), stops: make([]func(), nData),
-		opts: opts, proxies: make([]*countingProxy, nData)}
-	for i := range tc.dataDirs {
-		tc.dataDirs[i] = t.TempDir()
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tc.ctx = ctx
-	t.Cleanup(func() {
-		cancel()
-		tc.wg.Wait()
-	})
-	tc.metaCfg = meta.Config{
-		Dir: metaDir, DefaultLayout: layout, Logger: log,
-		Cluster: cluster.Config{HeartbeatInterval: 200 * time.Millisecond, FailureTimeout: opts.failureTimeout, Logger: log},
-	}
-	tc.metaAddr = "127.0.0.1:0"
-	tc.startMeta()
-	for i := range nData {
-		tc.startData(i)
-	}
-	cc, err := rpc.Dial(tc.metaAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	mc := weftv1.NewMetaClient(cc)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		tab, err := mc.GetChains(ctx, &weftv1.GetChainsRequest{})
-		if err == nil && len(tab.Chains) >= nData {
-			return tc
+	if opts.proxied {
+		o.Front = func(i int, addr string) (string, func()) {
+			px := newCountingProxy(t, addr)
+			tc.proxies[i] = px
+			return px.addr(), func() {
+				if !px.held.Load() {
+					px.close() // connections die at once, as with a killed process
+				}
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("data servers did not register in time: chains %v, err %v", tab, err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	tc.Servers = testservers.Start(t, o)
+	tc.ctx, tc.metaAddr, tc.dataDirs = tc.Context(), tc.MetaAddr(), tc.DataDirs()
+	return tc
 }
 
-// startMeta starts the meta service (again, on the same address).
-func (tc *testCluster) startMeta() {
-	svc, err := meta.Open(tc.ctx, tc.metaCfg)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	var lis net.Listener
-	for range 50 {
-		if lis, err = net.Listen("tcp", tc.metaAddr); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	tc.metaAddr = lis.Addr().String()
-	ctx, stop := context.WithCancel(tc.ctx)
-	done := make(chan struct{})
-	tc.wg.Go(func() {
-		defer close(done)
-		_ = svc.Serve(ctx, lis)
-	})
-	tc.stopMeta = func() { stop(); <-done }
-}
+// startMeta starts the meta service again, on the same address.
+func (tc *testCluster) startMeta() { tc.StartMeta() }
 
-// startData starts data server i (again) on a new port.
-func (tc *testCluster) startData(i int) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	cfg := data.Config{Dir: tc.dataDirs[i], MetaAddr: tc.metaAddr, Logger: tc.log}
-	var px *countingProxy
-	if tc.opts.proxied {
-		px = newCountingProxy(tc.t, lis.Addr().String())
-		tc.proxies[i] = px
-		cfg.Advertise = px.addr()
-	}
-	srv, err := data.Open(cfg)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(tc.ctx)
-	done := make(chan struct{})
-	tc.wg.Go(func() {
-		defer close(done)
-		_ = srv.Serve(ctx, lis)
-	})
-	tc.stops[i] = func() {
-		if px != nil && !px.held.Load() {
-			px.close() // connections die at once, as with a killed process
-		}
-		stop()
-		<-done
-	}
-}
+// stopMeta stops the meta service.
+func (tc *testCluster) stopMeta() { _ = tc.StopMeta() }
+
+// startData starts data server i again on a new port.
+func (tc *testCluster) startData(i int) { tc.StartData(i) }
 
 // stopData stops data server i.
-func (tc *testCluster) stopData(i int) { tc.stops[i]() }
+func (tc *testCluster) stopData(i int) { _ = tc.StopData(i) }
 
 type testWriter struct{ t *testing.T }
 

@@ -7,14 +7,11 @@ package testcluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,9 +19,9 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/client"
-	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/data"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testservers"
 	"github.com/weft-fs/weft/meta"
 	"github.com/weft-fs/weft/mount"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -69,30 +66,13 @@ type Options struct {
 type Cluster struct {
 	t    testing.TB
 	opts Options
-	dir  string
+	srv  *testservers.Servers
 	log  *slog.Logger
-
-	metaAddr string
-	metaSvc  *meta.Service
-	metaStop context.CancelFunc
-	metaDone chan error
-
-	mu   sync.Mutex
-	data []*dataServer
 
 	mountDir    string
 	mountClient *client.Client
 	mnt         *mount.FS
 	mntDone     chan struct{}
-}
-
-// dataServer is one in-process data server.
-type dataServer struct {
-	dir  string
-	srv  *data.Server // nil while stopped
-	addr string       // last address it listened on
-	stop context.CancelFunc
-	done chan error // nil while stopped
 }
 
 // Start starts a cluster and registers its shutdown with t.Cleanup. It
@@ -112,19 +92,28 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.MountOptions.FsName == "" {
 		opts.MountOptions.FsName = "weft"
 	}
-	c := &Cluster{t: t, opts: opts, dir: t.TempDir()}
+	c := &Cluster{t: t, opts: opts}
 	c.log = opts.Logger
 	if c.log == nil {
 		c.log = newTestLogger(t)
+		// Registered first, so run last: the servers log while stopping.
+		t.Cleanup(func() { c.log.Handler().(*testHandler).w.close() })
 	}
+	c.srv = testservers.Start(t, testservers.Options{
+		DataServers:       opts.DataServers,
+		Layout:            &weftv1.Layout{ChunkSize: opts.ChunkSize, StripeCount: opts.StripeCount, Replicas: opts.Replicas},
+		HeartbeatInterval: opts.HeartbeatInterval,
+		FailureTimeout:    opts.FailureTimeout,
+		RepairDelay:       opts.RepairDelay,
+		SyncBandwidth:     opts.SyncBandwidth,
+		ScrubRate:         opts.ScrubRate,
+		Logger:            c.log,
+		NoChainWait:       true,
+		KeepDataAddrs:     true,
+		CheckErrors:       true,
+	})
+	// Registered after the servers' shutdown, so run before it.
 	t.Cleanup(c.shutdown)
-
-	c.startMeta()
-	for i := 0; i < opts.DataServers; i++ {
-		ds := &dataServer{dir: filepath.Join(c.dir, "data"+strconv.Itoa(i+1))}
-		c.data = append(c.data, ds)
-		c.startData(ds, "127.0.0.1:0")
-	}
 	c.WaitOnline(opts.DataServers)
 	if opts.Replicas > 1 && int(opts.Replicas) <= opts.DataServers {
 		c.WaitHealthy()
@@ -135,65 +124,16 @@ func Start(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
-func (c *Cluster) startMeta() {
-	c.t.Helper()
-	layout := &weftv1.Layout{ChunkSize: c.opts.ChunkSize, StripeCount: c.opts.StripeCount, Replicas: c.opts.Replicas}
-	svc, err := meta.Open(context.Background(), meta.Config{
-		Dir:           filepath.Join(c.dir, "meta"),
-		DefaultLayout: layout,
-		Cluster: cluster.Config{HeartbeatInterval: c.opts.HeartbeatInterval, FailureTimeout: c.opts.FailureTimeout,
-			RepairDelay: c.opts.RepairDelay, Logger: c.log},
-		Logger: c.log,
-	})
-	if err != nil {
-		c.t.Fatalf("testcluster: open meta service: %v", err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		svc.Close()
-		c.t.Fatalf("testcluster: listen for meta service: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, lis) }()
-	c.metaAddr, c.metaSvc, c.metaStop, c.metaDone = lis.Addr().String(), svc, cancel, done
-}
-
-// startData starts ds listening on addr (its previous address on restart,
-// when still free).
-func (c *Cluster) startData(ds *dataServer, addr string) {
-	c.t.Helper()
-	srv, err := data.Open(data.Config{Dir: ds.dir, MetaAddr: c.metaAddr, SyncBandwidth: c.opts.SyncBandwidth,
-		ScrubRate: c.opts.ScrubRate, Logger: c.log})
-	if err != nil {
-		c.t.Fatalf("testcluster: open data server in %s: %v", ds.dir, err)
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		lis, err = net.Listen("tcp", "127.0.0.1:0")
-	}
-	if err != nil {
-		srv.Close()
-		c.t.Fatalf("testcluster: listen for data server: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis) }()
-	c.mu.Lock()
-	ds.addr, ds.srv, ds.stop, ds.done = lis.Addr().String(), srv, cancel, done
-	c.mu.Unlock()
-}
-
 func (c *Cluster) mount() {
 	c.t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		c.t.Skipf("testcluster: FUSE is not available (%v); install fuse3", err)
 	}
-	c.mountDir = filepath.Join(c.dir, "mnt")
+	c.mountDir = filepath.Join(c.Dir(), "mnt")
 	if err := os.MkdirAll(c.mountDir, 0o755); err != nil {
 		c.t.Fatalf("testcluster: %v", err)
 	}
-	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.metaAddr, MountPoint: c.mountDir, Logger: c.log})
+	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.MetaAddr(), MountPoint: c.mountDir, Logger: c.log})
 	if err != nil {
 		c.t.Fatalf("testcluster: client for the mount: %v", err)
 	}
@@ -210,13 +150,13 @@ func (c *Cluster) mount() {
 }
 
 // MetaAddr is the meta service's address.
-func (c *Cluster) MetaAddr() string { return c.metaAddr }
+func (c *Cluster) MetaAddr() string { return c.srv.MetaAddr() }
 
 // Meta is the in-process meta service.
-func (c *Cluster) Meta() *meta.Service { return c.metaSvc }
+func (c *Cluster) Meta() *meta.Service { return c.srv.Meta() }
 
 // Dir is the directory holding every server's state.
-func (c *Cluster) Dir() string { return c.dir }
+func (c *Cluster) Dir() string { return c.srv.Dir() }
 
 // MountDir is where the file system is mounted ("" without Options.Mount).
 func (c *Cluster) MountDir() string { return c.mountDir }
@@ -225,29 +165,21 @@ func (c *Cluster) MountDir() string { return c.mountDir }
 func (c *Cluster) MountClient() *client.Client { return c.mountClient }
 
 // DataDir is the state directory (and target) of data server i (0-based).
-func (c *Cluster) DataDir(i int) string { return c.data[i].dir }
+func (c *Cluster) DataDir(i int) string { return c.srv.DataDir(i) }
 
 // DataAddr is the address data server i (0-based) listens on, or last
 // listened on if stopped.
-func (c *Cluster) DataAddr(i int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.data[i].addr
-}
+func (c *Cluster) DataAddr(i int) string { return c.srv.DataAddr(i) }
 
 // DataServer is the running data server i (0-based), e.g. to run a scrub
 // pass with its Scrub method; nil while it is stopped.
-func (c *Cluster) DataServer(i int) *data.Server {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.data[i].srv
-}
+func (c *Cluster) DataServer(i int) *data.Server { return c.srv.DataServer(i) }
 
 // NewClient returns a new client of the cluster (its own session), closed
 // when the test ends.
 func (c *Cluster) NewClient() *client.Client {
 	c.t.Helper()
-	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.metaAddr, MountPoint: "testcluster:" + c.t.Name(), Logger: c.log})
+	cl, err := client.New(context.Background(), client.Config{MetaAddr: c.MetaAddr(), MountPoint: "testcluster:" + c.t.Name(), Logger: c.log})
 	if err != nil {
 		c.t.Fatalf("testcluster: new client: %v", err)
 	}
@@ -258,7 +190,7 @@ func (c *Cluster) NewClient() *client.Client {
 // Status asks the meta service for the cluster status.
 func (c *Cluster) Status() *weftv1.StatusResponse {
 	c.t.Helper()
-	cc, err := rpc.Dial(c.metaAddr)
+	cc, err := rpc.Dial(c.MetaAddr())
 	if err != nil {
 		c.t.Fatalf("testcluster: %v", err)
 	}
@@ -325,7 +257,7 @@ func Healthy(st *weftv1.StatusResponse) bool {
 // failure timeout.
 func (c *Cluster) WaitStatus(what string, ok func(*weftv1.StatusResponse) bool) {
 	c.t.Helper()
-	cc, err := rpc.Dial(c.metaAddr)
+	cc, err := rpc.Dial(c.MetaAddr())
 	if err != nil {
 		c.t.Fatalf("testcluster: %v", err)
 	}
@@ -349,19 +281,12 @@ func (c *Cluster) WaitStatus(what string, ok func(*weftv1.StatusResponse) bool) 
 // StopData stops data server i (0-based) gracefully; its state stays.
 func (c *Cluster) StopData(i int) {
 	c.t.Helper()
-	c.mu.Lock()
-	ds := c.data[i]
-	c.mu.Unlock()
-	if ds.done == nil {
+	if c.srv.DataServer(i) == nil {
 		c.t.Fatalf("testcluster: data server %d is already stopped", i)
 	}
-	ds.stop()
-	if err := <-ds.done; err != nil {
+	if err := c.srv.StopData(i); err != nil {
 		c.t.Errorf("testcluster: data server %d stopped with: %v", i, err)
 	}
-	c.mu.Lock()
-	ds.done, ds.srv = nil, nil
-	c.mu.Unlock()
 }
 
 // StartData starts stopped data server i (0-based) again on the same
@@ -369,56 +294,37 @@ func (c *Cluster) StopData(i int) {
 // until it listens.
 func (c *Cluster) StartData(i int) {
 	c.t.Helper()
-	c.mu.Lock()
-	ds := c.data[i]
-	c.mu.Unlock()
-	if ds.done != nil {
+	if c.srv.DataServer(i) != nil {
 		c.t.Fatalf("testcluster: data server %d is running", i)
 	}
-	c.startData(ds, ds.addr)
+	c.srv.StartData(i)
 }
 
-// shutdown unmounts, closes the mount's client and stops every server. It
-// never leaves a mount behind: a mount that will not go away is detached.
+// shutdown unmounts and closes the mount's client; the servers stop after
+// it. It never leaves a mount behind: a mount that will not go away is
+// detached.
 func (c *Cluster) shutdown() {
-	if c.mnt != nil {
-		var err error
-		for i := 0; i < 20; i++ {
-			if err = c.mnt.Unmount(); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err != nil {
-			c.t.Errorf("testcluster: unmount %s: %v; detaching it", c.mountDir, err)
-			syscall.Unmount(c.mountDir, syscall.MNT_DETACH)
-		}
-		select {
-		case <-c.mntDone:
-		case <-time.After(10 * time.Second):
-			c.t.Errorf("testcluster: the FUSE server of %s did not stop", c.mountDir)
-		}
-		if err := c.mountClient.Close(); err != nil {
-			c.t.Errorf("testcluster: close the mount's client: %v", err)
-		}
+	if c.mnt == nil {
+		return
 	}
-	for i, ds := range c.data {
-		if ds.done != nil {
-			ds.stop()
-			if err := <-ds.done; err != nil && !errors.Is(err, context.Canceled) {
-				c.t.Errorf("testcluster: data server %d: %v", i, err)
-			}
-			ds.done = nil
+	var err error
+	for i := 0; i < 20; i++ {
+		if err = c.mnt.Unmount(); err == nil {
+			break
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if c.metaStop != nil {
-		c.metaStop()
-		if err := <-c.metaDone; err != nil && !errors.Is(err, context.Canceled) {
-			c.t.Errorf("testcluster: meta service: %v", err)
-		}
+	if err != nil {
+		c.t.Errorf("testcluster: unmount %s: %v; detaching it", c.mountDir, err)
+		syscall.Unmount(c.mountDir, syscall.MNT_DETACH)
 	}
-	if tl, ok := c.log.Handler().(*testHandler); ok {
-		tl.w.close()
+	select {
+	case <-c.mntDone:
+	case <-time.After(10 * time.Second):
+		c.t.Errorf("testcluster: the FUSE server of %s did not stop", c.mountDir)
+	}
+	if err := c.mountClient.Close(); err != nil {
+		c.t.Errorf("testcluster: close the mount's client: %v", err)
 	}
 }
 
