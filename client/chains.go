@@ -41,6 +41,10 @@ type chainTable struct {
 	outages map[uint64]*outage // chains failing now
 	outN    atomic.Int32       // len(outages), read without the lock
 
+	// wrap, if set before the first data request, wraps every data
+	// server client (tests count requests with it).
+	wrap func(weftv1.DataClient) weftv1.DataClient
+
 	statsMu sync.Mutex
 	stats   map[string]*serverStat // per data server address
 }
@@ -148,7 +152,11 @@ func (t *chainTable) conn(addr string) (weftv1.DataClient, error) {
 		}
 		t.conns[addr] = cc
 	}
-	return weftv1.NewDataClient(cc), nil
+	dc := weftv1.NewDataClient(cc)
+	if t.wrap != nil {
+		dc = t.wrap(dc)
+	}
+	return dc, nil
 }
 
 func (t *chainTable) close() {

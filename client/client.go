@@ -29,6 +29,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultWriteBufferBytes   = 64 << 20
+	DefaultReadAheadBytes     = 8 << 20
 	DefaultUnavailableTimeout = 30 * time.Second
 	// OnUnavailableWait and OnUnavailableFail are the values of
 	// Config.OnUnavailable.
@@ -73,6 +74,11 @@ type Config struct {
 	// deadline waits for an unreachable meta service. Default
 	// DefaultUnavailableTimeout (30 s).
 	UnavailableTimeout time.Duration
+	// ReadAheadBytes is the largest read-ahead window of a sequential
+	// reader: the window grows with the stream up to it, fetched as
+	// per-chunk pieces in parallel. Default DefaultReadAheadBytes (8 MiB);
+	// negative turns read-ahead off.
+	ReadAheadBytes int64
 }
 
 // Client is a connection to one weft cluster: a session with the meta
@@ -121,6 +127,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	if cfg.WriteBufferBytes <= 0 {
 		cfg.WriteBufferBytes = DefaultWriteBufferBytes
+	}
+	if cfg.ReadAheadBytes == 0 {
+		cfg.ReadAheadBytes = DefaultReadAheadBytes
 	}
 	if cfg.UnavailableTimeout <= 0 {
 		cfg.UnavailableTimeout = DefaultUnavailableTimeout

@@ -84,7 +84,7 @@ func (c *Client) acquire(attr *weftv1.Attr) *inode {
 			c: c, ino: attr.Ino,
 			dirty:    make(map[uint64]*chunkBuf),
 			inflight: make(map[uint64]*sendOp),
-			unsynced: make(map[uint64]bool),
+			unsynced: make(map[uint64]uint64),
 		}
 		c.inodes[attr.Ino] = in
 	}
@@ -94,7 +94,7 @@ func (c *Client) acquire(attr *weftv1.Attr) *inode {
 		in.layout = attr.Layout
 	}
 	in.metaSize = attr.Size
-	in.ra = nil // a fresh open reads what is stored now
+	in.dropReadAheadLocked() // a fresh open reads what is stored now
 	in.mu.Unlock()
 	return in
 }
@@ -156,7 +156,7 @@ func (c *Client) relieve(ctx context.Context, in *inode) {
 	if c.buffered.Load() <= c.cfg.WriteBufferBytes {
 		return
 	}
-	_ = in.sendAll(ctx)
+	_ = in.sendAll(ctx, false)
 	if c.buffered.Load() <= c.cfg.WriteBufferBytes {
 		return
 	}
@@ -167,7 +167,7 @@ func (c *Client) relieve(ctx context.Context, in *inode) {
 	}
 	c.inodesMu.Unlock()
 	for _, o := range all {
-		_ = o.sendAll(ctx)
+		_ = o.sendAll(ctx, false)
 	}
 }
 

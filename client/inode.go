@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -31,7 +33,7 @@ type inode struct {
 	attrGen  uint64 // bumps when metaSize is set by a commit or truncate
 	dirty    map[uint64]*chunkBuf
 	inflight map[uint64]*sendOp // latest send per chunk index
-	unsynced map[uint64]bool    // chains written since their last SyncFile
+	unsynced map[uint64]uint64  // chunk index -> chain, written without sync since its chain's last SyncFile
 	err      error              // failed background send, not yet reported
 
 	localEnd     uint64 // end of the furthest write not yet committed
@@ -41,7 +43,8 @@ type inode struct {
 	caller       *weftv1.Caller
 	opens        int
 
-	ra []*raWindow // read-ahead windows, oldest first; cleared by writes
+	ra      []*raWindow // read-ahead windows, oldest first; cleared by writes
+	raState raState     // the read-ahead stream
 }
 
 // sendOp is one chunk buffer on its way to a data server. A send of a chunk
@@ -58,23 +61,26 @@ func (in *inode) sizeLocked() uint64 { return max(in.metaSize, in.localEnd) }
 
 func (in *inode) writtenLocked() bool { return in.writeSeq != in.committedSeq }
 
-// startSendLocked hands buf (chunk idx) to a background sender.
-func (in *inode) startSendLocked(idx uint64, buf *chunkBuf) *sendOp {
+// startSendLocked hands buf (chunk idx) to a background sender. With
+// sync, the last write of the buffer asks the data servers to make the
+// chunk durable (on every live replica), which spares a SyncFile.
+func (in *inode) startSendLocked(idx uint64, buf *chunkBuf, sync bool) *sendOp {
 	op := &sendOp{done: make(chan struct{}), prev: in.inflight[idx], bytes: buf.size}
 	in.inflight[idx] = op
 	layout := in.layout
-	go in.send(op, layout, idx, buf)
+	go in.send(op, layout, idx, buf, sync)
 	return op
 }
 
-func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkBuf) {
+func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkBuf, sync bool) {
 	if op.prev != nil {
 		<-op.prev.done
 	}
 	chain := chainFor(layout, idx)
 	var err error
-	for _, e := range buf.extents {
-		if err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, false); err != nil {
+	for i, e := range buf.extents {
+		last := sync && i == len(buf.extents)-1
+		if err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, last); err != nil {
 			break
 		}
 	}
@@ -88,8 +94,12 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 		}
 		in.c.log.Error("write-back of buffered data failed; the next write, fsync or close of the file reports it",
 			"ino", in.ino, "chunk", idx, "err", err)
+	} else if sync {
+		// The synced write came after every earlier send of the chunk
+		// (sends of a chunk are ordered): the chunk file is durable.
+		delete(in.unsynced, idx)
 	} else {
-		in.unsynced[chain] = true
+		in.unsynced[idx] = chain
 	}
 	in.mu.Unlock()
 	in.c.buffered.Add(-op.bytes)
@@ -111,7 +121,7 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 	if appendMode {
 		off = in.sizeLocked()
 	}
-	in.ra = nil
+	in.dropReadAheadLocked()
 	cs := uint64(in.layout.ChunkSize)
 	for _, s := range spans(off, uint64(len(p)), cs) {
 		buf := in.dirty[s.index]
@@ -122,7 +132,7 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 		in.c.buffered.Add(buf.write(s.off, p[s.bufOff:s.bufOff+s.n]))
 		if buf.full(cs) {
 			delete(in.dirty, s.index)
-			in.startSendLocked(s.index, buf)
+			in.startSendLocked(s.index, buf, false)
 		}
 	}
 	in.localEnd = max(in.localEnd, off+uint64(len(p)))
@@ -136,12 +146,12 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 
 // sendAll starts sending every buffered chunk and waits until all sends
 // of this inode started so far are done. Errors of the sends are left in
-// in.err.
-func (in *inode) sendAll(ctx context.Context) error {
+// in.err. With sync, the last write of each chunk carries sync.
+func (in *inode) sendAll(ctx context.Context, sync bool) error {
 	in.mu.Lock()
 	for idx, buf := range in.dirty {
 		delete(in.dirty, idx)
-		in.startSendLocked(idx, buf)
+		in.startSendLocked(idx, buf, sync)
 	}
 	ops := make([]*sendOp, 0, len(in.inflight))
 	for _, op := range in.inflight {
@@ -159,7 +169,7 @@ func (in *inode) sendChunks(ctx context.Context, idxs []uint64) error {
 	for _, idx := range idxs {
 		if buf := in.dirty[idx]; buf != nil {
 			delete(in.dirty, idx)
-			in.startSendLocked(idx, buf)
+			in.startSendLocked(idx, buf, false)
 		}
 		if op := in.inflight[idx]; op != nil {
 			ops = append(ops, op)
@@ -181,34 +191,45 @@ func waitOps(ctx context.Context, ops []*sendOp) error {
 }
 
 // flush sends every buffered write. When final (flush, fsync, release) it
-// also makes the written chains durable (SyncFile), commits the length
-// and mtime to the meta service, and returns (and forgets) the error of an
-// earlier failed background send.
+// sends the last write of each buffered chunk with sync, makes the chains
+// holding chunks written earlier without sync durable (SyncFile), commits
+// the length and mtime to the meta service, and returns (and forgets) the
+// error of an earlier failed background send.
 func (in *inode) flush(ctx context.Context, final bool) error {
-	if err := in.sendAll(ctx); err != nil || !final {
+	if err := in.sendAll(ctx, final); err != nil || !final {
 		return err
 	}
 	in.mu.Lock()
 	err := in.err
 	in.err = nil
-	chains := make([]uint64, 0, len(in.unsynced))
-	for ch := range in.unsynced {
-		chains = append(chains, ch)
-	}
+	taken := maps.Clone(in.unsynced)
 	clear(in.unsynced)
 	in.mu.Unlock()
 	if err != nil {
+		in.restoreUnsynced(taken)
 		return err
 	}
-	if err := in.syncChains(ctx, chains); err != nil {
-		in.mu.Lock()
-		for _, ch := range chains {
-			in.unsynced[ch] = true
+	seen := make(map[uint64]bool)
+	var chains []uint64
+	for _, ch := range taken {
+		if !seen[ch] {
+			seen[ch] = true
+			chains = append(chains, ch)
 		}
-		in.mu.Unlock()
+	}
+	slices.Sort(chains)
+	if err := in.syncChains(ctx, chains); err != nil {
+		in.restoreUnsynced(taken)
 		return err
 	}
 	return in.commit(ctx)
+}
+
+// restoreUnsynced puts back chunks whose sync did not happen.
+func (in *inode) restoreUnsynced(taken map[uint64]uint64) {
+	in.mu.Lock()
+	maps.Copy(in.unsynced, taken)
+	in.mu.Unlock()
 }
 
 // syncChains makes the file's chunks on the given chains durable, in
@@ -284,9 +305,9 @@ func (in *inode) prepareTruncate(ctx context.Context, size uint64) error {
 		}
 	}
 	in.localEnd = min(in.localEnd, size)
-	in.ra = nil
+	in.dropReadAheadLocked()
 	in.mu.Unlock()
-	if err := in.sendAll(ctx); err != nil {
+	if err := in.sendAll(ctx, false); err != nil {
 		return err
 	}
 	return in.commitLocked(ctx)
@@ -297,7 +318,7 @@ func (in *inode) truncated(size uint64) {
 	in.mu.Lock()
 	in.metaSize = size
 	in.localEnd = min(in.localEnd, size)
-	in.ra = nil
+	in.dropReadAheadLocked()
 	in.attrGen++
 	in.mu.Unlock()
 }
@@ -323,6 +344,7 @@ func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
 			pending = append(pending, s.index)
 		}
 	}
+	in.readAheadLocked(layout, size, off, n)
 	in.mu.Unlock()
 	if len(pending) > 0 {
 		if err := in.sendChunks(ctx, pending); err != nil {
@@ -331,13 +353,13 @@ func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
 	}
 	if len(sp) == 1 {
 		s := sp[0]
-		return int(n), in.readPiece(ctx, layout, size, s, p[s.bufOff:s.bufOff+s.n])
+		return int(n), in.readPiece(ctx, layout, s, p[s.bufOff:s.bufOff+s.n])
 	}
 	errs := make([]error, len(sp))
 	var wg sync.WaitGroup
 	for i, s := range sp {
 		wg.Go(func() {
-			errs[i] = in.readPiece(ctx, layout, size, s, p[s.bufOff:s.bufOff+s.n])
+			errs[i] = in.readPiece(ctx, layout, s, p[s.bufOff:s.bufOff+s.n])
 		})
 	}
 	wg.Wait()

@@ -83,7 +83,7 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 	case req.Valid&uint32(times) != 0:
 		// Commit earlier writes first, so their mtime does not replace
 		// the one set now.
-		if err := in.sendAll(ctx); err != nil {
+		if err := in.sendAll(ctx, false); err != nil {
 			return nil, err
 		}
 		if err := in.commit(ctx); err != nil {

@@ -6,62 +6,144 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Read-ahead: a read that starts on a window boundary of a chunk and asks
-// for less than the window fetches the whole window (up to the chunk's end
-// and the file's end) and the window after it; the reads that follow are
-// served from them. Sequential readers (the kernel reads 128 KiB at a time)
-// thus cost one request per window with the next one under way; random
-// readers rarely start on a boundary and fetch only what they read.
+// Read-ahead follows up to raStreams read streams per open inode (several
+// readers of one file). A read that continues a stream (starts within
+// raSlack of where its last read ended: the kernel may deliver reads a
+// little out of order) adds to the bytes the stream read; any other read
+// starts a new stream in place of the least recently used one, whose
+// windows are dropped. The window is a power of two near an eighth of what the
+// stream has read so far — nothing below raMinWindow, at most
+// Config.ReadAheadBytes — so it doubles as a sequential reader goes on,
+// while a reader that reads part of each record and skips the rest gets
+// little read ahead past each part. When less than half a window is
+// fetched ahead of the reader, the client fetches up to a whole window
+// ahead, in pieces of at most raMaxPiece that never cross a chunk: the
+// pieces of different chunks, and so of different chains, are in flight
+// in parallel. A piece is dropped once its last byte is read.
 const (
-	readAheadWindow = 1 << 20
-	maxReadAheads   = 4 // windows kept per inode
+	raMinWindow = 128 << 10
+	raMaxPiece  = 4 << 20
+	raSlack     = 256 << 10
+	raGrowth    = 8 // the window is about the stream's length / raGrowth
+	raStreams   = 4 // streams followed per inode
 )
 
-// raWindow is one fetched (or being fetched) window of a chunk.
+// raStream is one read stream of an inode.
+type raStream struct {
+	next   uint64 // file offset where the stream's last read ended
+	seq    uint64 // bytes read by the stream
+	end    uint64 // file offset up to which pieces were fetched
+	window uint64 // current window
+	used   uint64 // inode's read count at the stream's last read
+}
+
+// raState is the read-ahead state of an inode.
+type raState struct {
+	streams   []*raStream
+	reads     uint64 // reads so far, to find the least recently used stream
+	maxWindow uint64 // largest window since the inode was opened
+}
+
+// streamLocked returns the stream a read of [off, off+n) continues, or a
+// new one in place of the least recently used.
+func (in *inode) streamLocked(off, n uint64) *raStream {
+	st := &in.raState
+	st.reads++
+	var lru *raStream
+	for _, s := range st.streams {
+		if off+raSlack >= s.next && off <= s.next+raSlack {
+			s.seq += n
+			s.next = max(s.next, off+n)
+			s.used = st.reads
+			return s
+		}
+		if lru == nil || s.used < lru.used {
+			lru = s
+		}
+	}
+	s := &raStream{next: off + n, seq: n, used: st.reads}
+	if len(st.streams) < raStreams {
+		st.streams = append(st.streams, s)
+		return s
+	}
+	keep := in.ra[:0]
+	for _, w := range in.ra {
+		if w.s != lru {
+			keep = append(keep, w)
+		}
+	}
+	clear(in.ra[len(keep):])
+	in.ra = keep
+	*lru = *s
+	return lru
+}
+
+// raWindow is one fetched (or being fetched) piece of a chunk.
 type raWindow struct {
+	s    *raStream
 	idx  uint64 // chunk index
 	off  uint64 // chunk offset of data[0]
-	n    uint64 // length of the window
+	n    uint64 // length of the piece
 	data []byte // set when done
 	done chan struct{}
 	err  error
 }
 
-func (w *raWindow) covers(idx, off, n uint64) bool {
-	return w.idx == idx && w.off <= off && off+n <= w.off+w.n
+// raWindowFor returns the window of a stream that has read seq bytes,
+// capped to limit (0: read-ahead off).
+func raWindowFor(seq uint64, limit int64) uint64 {
+	if limit <= 0 {
+		return 0
+	}
+	w := seq / raGrowth
+	if w < raMinWindow {
+		return 0
+	}
+	p := uint64(raMinWindow)
+	for p*2 <= w {
+		p *= 2
+	}
+	return min(p, uint64(limit))
 }
 
-// windowFor returns a window covering chunk range [off, off+n) of chunk
-// idx, starting its fetch if the read qualifies; nil if the piece is to be
-// read directly. size is the file size the read was clipped to. Called
-// with in.mu held.
-func (in *inode) windowForLocked(layout *weftv1.Layout, size, idx, off, n uint64) *raWindow {
-	for _, w := range in.ra {
-		if w.covers(idx, off, n) {
-			return w
-		}
+// readAheadLocked records a read of file range [off, off+n) (the file
+// being size bytes long) in the stream and fetches ahead of it as the
+// window says. Called with in.mu held.
+func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
+	limit := in.c.cfg.ReadAheadBytes
+	if limit <= 0 {
+		return
 	}
+	st := in.streamLocked(off, n)
+	w := raWindowFor(st.seq, limit)
+	st.window = w
+	in.raState.maxWindow = max(in.raState.maxWindow, w)
+	if w == 0 {
+		return
+	}
+	start := max(st.end, off+n)
+	if start >= size || start >= off+n+w/2 {
+		return
+	}
+	target := min(size, off+n+w)
 	cs := uint64(layout.ChunkSize)
-	win := min(cs, readAheadWindow)
-	if off%win != 0 || n >= win || !in.settledLocked(idx) {
-		return nil
+	piece := min(w, raMaxPiece)
+	for p := start; p < target; {
+		idx := p / cs
+		e := min(target, (idx+1)*cs, p+piece)
+		if in.settledLocked(idx) {
+			in.fetchLocked(layout, st, idx, p-idx*cs, e-idx*cs)
+		}
+		p = e
 	}
-	end := min(off+win, cs, size-idx*cs)
-	if end <= off+n {
-		return nil
-	}
-	w := in.fetchLocked(layout, idx, off, end)
-	// Fetch the window after this one too, so that the next request is
-	// under way while this window is read.
-	nidx, noff := idx, off+win
-	if noff >= cs {
-		nidx, noff = idx+1, 0
-	}
-	if start := nidx*cs + noff; start < size && in.settledLocked(nidx) {
-		nend := min(noff+win, cs, size-nidx*cs)
-		in.fetchLocked(layout, nidx, noff, nend)
-	}
-	return w
+	st.end = target
+}
+
+// dropReadAheadLocked forgets every window and the stream (after a write,
+// a truncate, or at open: what the data servers hold may have changed).
+func (in *inode) dropReadAheadLocked() {
+	in.ra = nil
+	in.raState = raState{maxWindow: in.raState.maxWindow}
 }
 
 // settledLocked reports whether chunk idx has no buffered or in-flight
@@ -71,16 +153,18 @@ func (in *inode) settledLocked(idx uint64) bool {
 	return in.dirty[idx] == nil && in.inflight[idx] == nil
 }
 
-// fetchLocked returns the window [off, end) of chunk idx, starting its
-// fetch unless it is already there.
-func (in *inode) fetchLocked(layout *weftv1.Layout, idx, off, end uint64) *raWindow {
-	for _, w := range in.ra {
-		if w.covers(idx, off, end-off) {
-			return w
-		}
-	}
-	w := &raWindow{idx: idx, off: off, n: end - off, done: make(chan struct{})}
-	if len(in.ra) >= maxReadAheads {
+// maxWindowsLocked is how many windows an inode keeps: per stream, enough
+// for one and a half of the largest window in pieces of the layout's size.
+func (in *inode) maxWindowsLocked(layout *weftv1.Layout) int {
+	limit := uint64(max(in.c.cfg.ReadAheadBytes, raMinWindow))
+	piece := min(uint64(layout.ChunkSize), raMaxPiece, limit)
+	return len(in.raState.streams) * int(min(2*limit/max(piece, 1)+4, 1024))
+}
+
+// fetchLocked starts fetching the window [off, end) of chunk idx.
+func (in *inode) fetchLocked(layout *weftv1.Layout, st *raStream, idx, off, end uint64) {
+	w := &raWindow{s: st, idx: idx, off: off, n: end - off, done: make(chan struct{})}
+	if len(in.ra) >= in.maxWindowsLocked(layout) {
 		in.ra = in.ra[1:]
 	}
 	in.ra = append(in.ra, w)
@@ -88,10 +172,30 @@ func (in *inode) fetchLocked(layout *weftv1.Layout, idx, off, end uint64) *raWin
 		w.data, w.err = in.c.fetchChunk(in.c.bg, in.ino, layout, idx, off, int(end-off))
 		close(w.done)
 	}()
-	return w
 }
 
-// dropWindowLocked forgets w once its last byte was read.
+// windowsForLocked returns windows that together cover chunk range
+// [off, off+n) of chunk idx, in order; nil if they do not.
+func (in *inode) windowsForLocked(idx, off, n uint64) []*raWindow {
+	var ws []*raWindow
+	for cur := off; cur < off+n; {
+		var found *raWindow
+		for _, w := range in.ra {
+			if w.idx == idx && w.off <= cur && cur < w.off+w.n {
+				found = w
+				break
+			}
+		}
+		if found == nil {
+			return nil
+		}
+		ws = append(ws, found)
+		cur = found.off + found.n
+	}
+	return ws
+}
+
+// dropWindowLocked forgets w.
 func (in *inode) dropWindowLocked(w *raWindow) {
 	for i, x := range in.ra {
 		if x == w {
@@ -101,30 +205,37 @@ func (in *inode) dropWindowLocked(w *raWindow) {
 	}
 }
 
-// readPiece fills dst from chunk idx at chunk offset off, through a
-// read-ahead window when there is or should be one.
-func (in *inode) readPiece(ctx context.Context, layout *weftv1.Layout, size uint64, s span, dst []byte) error {
+// readPiece fills dst from chunk idx at chunk offset off, from read-ahead
+// windows when they cover it.
+func (in *inode) readPiece(ctx context.Context, layout *weftv1.Layout, s span, dst []byte) error {
 	in.mu.Lock()
-	w := in.windowForLocked(layout, size, s.index, s.off, s.n)
+	ws := in.windowsForLocked(s.index, s.off, s.n)
 	in.mu.Unlock()
-	if w != nil {
-		select {
-		case <-w.done:
-		case <-ctx.Done():
-			return ctx.Err()
+	if ws != nil {
+		ok := true
+		for _, w := range ws {
+			select {
+			case <-w.done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			ok = ok && w.err == nil
 		}
-		if w.err == nil {
-			copy(dst, w.data[s.off-w.off:])
-			if s.off+s.n == w.off+w.n {
-				in.mu.Lock()
+		in.mu.Lock()
+		for _, w := range ws {
+			if !ok || s.off+s.n >= w.off+w.n {
 				in.dropWindowLocked(w)
-				in.mu.Unlock()
+			}
+		}
+		in.mu.Unlock()
+		if ok {
+			for _, w := range ws {
+				lo := max(s.off, w.off)
+				hi := min(s.off+s.n, w.off+w.n)
+				copy(dst[lo-s.off:hi-s.off], w.data[lo-w.off:])
 			}
 			return nil
 		}
-		in.mu.Lock()
-		in.dropWindowLocked(w)
-		in.mu.Unlock()
 	}
 	return in.c.readChunk(ctx, in.ino, layout, s.index, s.off, dst)
 }

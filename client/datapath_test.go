@@ -1,0 +1,230 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+	"google.golang.org/grpc"
+)
+
+// countingData counts the requests a client sends to the data servers.
+type countingData struct {
+	weftv1.DataClient
+	c *dataCounts
+}
+
+type dataCounts struct {
+	writes     atomic.Int64 // WriteChunk requests
+	syncWrites atomic.Int64 // WriteChunk requests with sync
+	syncFiles  atomic.Int64 // SyncFile requests
+	readBytes  atomic.Int64 // bytes answered by ReadChunk
+}
+
+func (d countingData) WriteChunk(ctx context.Context, in *weftv1.WriteChunkRequest, opts ...grpc.CallOption) (*weftv1.WriteChunkResponse, error) {
+	d.c.writes.Add(1)
+	if in.GetSync() {
+		d.c.syncWrites.Add(1)
+	}
+	return d.DataClient.WriteChunk(ctx, in, opts...)
+}
+
+func (d countingData) SyncFile(ctx context.Context, in *weftv1.SyncFileRequest, opts ...grpc.CallOption) (*weftv1.SyncFileResponse, error) {
+	d.c.syncFiles.Add(1)
+	return d.DataClient.SyncFile(ctx, in, opts...)
+}
+
+func (d countingData) ReadChunk(ctx context.Context, in *weftv1.ReadChunkRequest, opts ...grpc.CallOption) (*weftv1.ReadChunkResponse, error) {
+	resp, err := d.DataClient.ReadChunk(ctx, in, opts...)
+	if err == nil {
+		d.c.readBytes.Add(int64(len(resp.GetData())))
+	}
+	return resp, err
+}
+
+// countingClient is a test client whose data server requests are counted.
+func countingClient(t *testing.T, tc *testCluster, cfg Config) (*Client, *dataCounts) {
+	t.Helper()
+	c := newTestClient(t, tc.metaAddr, cfg)
+	counts := &dataCounts{}
+	c.chains.connsMu.Lock()
+	c.chains.wrap = func(dc weftv1.DataClient) weftv1.DataClient { return countingData{dc, counts} }
+	c.chains.connsMu.Unlock()
+	return c, counts
+}
+
+// TestCloseSyncsWithLastWrite checks that close sends the last write of
+// each buffered chunk with sync and calls SyncFile only for chains holding
+// chunks sent earlier without sync.
+func TestCloseSyncsWithLastWrite(t *testing.T) {
+	const cs = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: cs, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	tests := []struct {
+		name          string
+		writes        [][2]int // offset, length
+		wantSyncWrite int64
+		wantSyncFile  int64
+	}{
+		{"partial chunks on two chains", [][2]int{{0, 100 << 10}, {cs, 100 << 10}}, 2, 0},
+		{"two extents in one chunk", [][2]int{{0, 10 << 10}, {500 << 10, 10 << 10}}, 1, 0},
+		{"full chunk sent in the background", [][2]int{{0, cs}, {cs, 100 << 10}}, 1, 1},
+		{"only full chunks", [][2]int{{0, 2 * cs}}, 0, 2},
+	}
+	rnd := rand.New(rand.NewPCG(7, 8))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			c, counts := countingClient(t, tc, Config{})
+			name := "sync-" + tt.name
+			f := create(t, c, name, syscall.O_WRONLY)
+			var model []byte
+			for _, w := range tt.writes {
+				p := randomBytes(rnd, w[1])
+				if _, err := f.WriteAt(ctx, p, int64(w[0])); err != nil {
+					t.Fatal(err)
+				}
+				if end := w[0] + w[1]; end > len(model) {
+					model = append(model, make([]byte, end-len(model))...)
+				}
+				copy(model[w[0]:], p)
+			}
+			if err := f.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := counts.syncWrites.Load(); got != tt.wantSyncWrite {
+				t.Errorf("writes with sync: %d, want %d (of %d writes)", got, tt.wantSyncWrite, counts.writes.Load())
+			}
+			if got := counts.syncFiles.Load(); got != tt.wantSyncFile {
+				t.Errorf("SyncFile requests: %d, want %d", got, tt.wantSyncFile)
+			}
+			g, _ := open(t, c, name, syscall.O_RDONLY)
+			defer g.Release(ctx)
+			if got := readAll(t, g, len(model), 128<<10); !bytes.Equal(got, model) {
+				t.Fatal("file reads back wrong")
+			}
+			// Nothing written since: a second close syncs nothing.
+			before := counts.syncFiles.Load() + counts.syncWrites.Load()
+			if err := g.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if after := counts.syncFiles.Load() + counts.syncWrites.Load(); after != before {
+				t.Errorf("flush without writes sent %d syncs", after-before)
+			}
+		})
+	}
+}
+
+// TestReadAheadAdaptive reads a 64 MiB file sequentially, in half
+// records and at random, counting the bytes fetched from the data
+// servers: a sequential reader fetches the file once with the window
+// growing, the others fetch little more than they read.
+func TestReadAheadAdaptive(t *testing.T) {
+	const (
+		size  = 64 << 20
+		piece = 128 << 10 // what the kernel asks for
+	)
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 4, Replicas: 1}
+	tc := startCluster(t, layout, 4)
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(9, 10))
+	model := randomBytes(rnd, size)
+	w := newTestClient(t, tc.metaAddr, Config{})
+	f := create(t, w, "big", syscall.O_WRONLY)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	type access struct{ off, n int }
+	sequential := func() (a []access) {
+		for off := 0; off < size; off += piece {
+			a = append(a, access{off, piece})
+		}
+		return a
+	}
+	halfRecords := func() (a []access) {
+		for rec := 0; rec < size; rec += 8 << 20 {
+			for off := rec; off < rec+4<<20; off += piece {
+				a = append(a, access{off, piece})
+			}
+		}
+		return a
+	}
+	interleaved := func() (a []access) { // four sequential readers at once
+		for off := 0; off < size/4; off += piece {
+			for k := range 4 {
+				a = append(a, access{k*size/4 + off, piece})
+			}
+		}
+		return a
+	}
+	random := func() (a []access) {
+		for range 100 {
+			a = append(a, access{rnd.IntN(size/4096-32) * 4096, piece})
+		}
+		return a
+	}
+	tests := []struct {
+		name       string
+		accesses   []access
+		maxFetched float64 // fetched / bytes read
+		minWindow  uint64  // largest window at least
+	}{
+		{"sequential", sequential(), 1.01, 4 << 20},
+		{"half of each 8 MiB record", halfRecords(), 1.2, 0},
+		// Each of the first three streams fetches up to a window past
+		// its end, into bytes the next stream read already.
+		{"four interleaved sequential readers", interleaved(), 1.15, 1 << 20},
+		{"random 128 KiB reads", random(), 1.05, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, counts := countingClient(t, tc, Config{})
+			g, _ := open(t, c, "big", syscall.O_RDONLY)
+			defer g.Release(ctx)
+			buf := make([]byte, piece)
+			var read int
+			for _, a := range tt.accesses {
+				n, err := g.ReadAt(ctx, buf[:a.n], int64(a.off))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(buf[:n], model[a.off:a.off+n]) {
+					t.Fatalf("read at %d: bytes differ", a.off)
+				}
+				read += n
+			}
+			// Fetches still under way count too.
+			in := c.lookupInode(g.Ino())
+			in.mu.Lock()
+			maxWin := in.raState.maxWindow
+			pending := append([]*raWindow(nil), in.ra...)
+			in.mu.Unlock()
+			for _, w := range pending {
+				<-w.done
+			}
+			fetched := counts.readBytes.Load()
+			t.Logf("read %d bytes, fetched %d (%.2fx, %.2f of the file), largest window %d KiB",
+				read, fetched, float64(fetched)/float64(read), float64(fetched)/size, maxWin>>10)
+			if float64(fetched) > tt.maxFetched*float64(read) {
+				t.Errorf("fetched %d bytes for %d read: more than %.2fx", fetched, read, tt.maxFetched)
+			}
+			if fetched < int64(read) {
+				t.Errorf("fetched %d bytes, less than the %d read", fetched, read)
+			}
+			if fetched > size*6/10 && read <= size/2 {
+				t.Errorf("fetched %d bytes of a %d byte file for a reader of half of it", fetched, size)
+			}
+			if maxWin < tt.minWindow {
+				t.Errorf("largest read-ahead window %d, want at least %d", maxWin, tt.minWindow)
+			}
+		})
+	}
+}
