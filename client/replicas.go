@@ -28,6 +28,8 @@ const (
 	// read of a MiB varies that much on a busy machine.
 	rttSlack  = time.Millisecond
 	nearRatio = 2.0
+	// rttRefBytes: latency samples are scaled to reads of this size.
+	rttRefBytes = 128 << 10
 	// downFor: a data server that refused a connection is avoided by
 	// reads for this long (while others serve).
 	downFor = time.Second
@@ -55,8 +57,13 @@ func (t *chainTable) stat(addr string) *serverStat {
 	return s
 }
 
-// observe adds a read latency sample.
-func (s *serverStat) observe(d time.Duration) {
+// observe adds the latency d of a read of n bytes. Reads larger than
+// rttRefBytes count per rttRefBytes, so that the large pieces of a
+// growing read-ahead window do not make a replica look far away.
+func (s *serverStat) observe(d time.Duration, n int) {
+	if n > rttRefBytes {
+		d = time.Duration(float64(d) * rttRefBytes / float64(n))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
@@ -248,7 +255,7 @@ func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, 
 		})
 		st.outstanding.Add(-1)
 		if err == nil {
-			st.observe(time.Since(start))
+			st.observe(time.Since(start), n)
 			c.chains.recovered(chain)
 			return nil
 		}

@@ -45,7 +45,7 @@ func TestPickReader(t *testing.T) {
 			var tab chainTable
 			tab.init(nil)
 			for addr, d := range tt.rtt {
-				tab.stat(addr).observe(d)
+				tab.stat(addr).observe(d, 4096)
 			}
 			for _, addr := range tt.down {
 				tab.stat(addr).markDown()
