@@ -26,8 +26,8 @@ const (
 	// rttSlack: replicas within this of the fastest (or within nearRatio
 	// of it) count as equally near, and share the load: the latency of a
 	// read of a MiB varies that much on a busy machine.
-	rttSlack  = time.Millisecond
-	nearRatio = 2.0
+	rttSlack  = 2 * time.Millisecond
+	nearRatio = 3.0
 	// rttRefBytes: latency samples are scaled to reads of this size.
 	rttRefBytes = 128 << 10
 	// downFor: a data server that refused a connection is avoided by

@@ -33,7 +33,7 @@ func TestPickReader(t *testing.T) {
 		{name: "unmeasured counts as near", ch: chain("serving", "serving"),
 			rtt: map[string]time.Duration{"a": 30 * ms}, want: map[string]bool{"b": true}},
 		{name: "tried skipped", ch: chain("serving", "serving", "serving"),
-			rtt: map[string]time.Duration{"a": 30 * ms, "b": 2 * ms, "c": 80 * ms}, tried: []string{"b"}, want: map[string]bool{"a": true}},
+			rtt: map[string]time.Duration{"a": 30 * ms, "b": 2 * ms, "c": 150 * ms}, tried: []string{"b"}, want: map[string]bool{"a": true}},
 		{name: "down avoided", ch: chain("serving", "serving"),
 			rtt: map[string]time.Duration{"a": 2 * ms, "b": 30 * ms}, down: []string{"a"}, want: map[string]bool{"b": true}},
 		{name: "all down: still tried", ch: chain("serving"), down: []string{"a"}, want: map[string]bool{"a": true}},
