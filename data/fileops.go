@@ -31,20 +31,16 @@ func (s *Server) TruncateFile(ctx context.Context, req *weftv1.TruncateFileReque
 	if err := lf.Truncate(int64(req.GetSize()), int64(req.GetChunkSize())); err != nil {
 		return nil, err
 	}
-	if next := m.successor(); next != nil {
-		what := fmt.Sprintf("forward truncate of inode %d to %d bytes", req.GetIno(), req.GetSize())
-		ctx, done := forwardContext(ctx, m.view)
-		defer done()
-		c, err := s.peers.client(next.GetAddress())
-		if err == nil {
-			_, err = c.TruncateFile(ctx, &weftv1.TruncateFileRequest{
+	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward truncate of inode %d to %d bytes", req.GetIno(), req.GetSize()),
+		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
+			_, err := c.TruncateFile(ctx, &weftv1.TruncateFileRequest{
 				Ino: req.GetIno(), Size: req.GetSize(), ChunkSize: req.GetChunkSize(),
 				ChainId: m.view.id, ChainVersion: m.view.version, Forwarded: true, TargetId: next.GetTargetId(),
 			})
-		}
-		if err != nil {
-			return nil, s.forwardError(m, next, what, err)
-		}
+			return err
+		})
+	if err != nil {
+		return nil, err
 	}
 	return &weftv1.TruncateFileResponse{}, nil
 }
@@ -75,19 +71,15 @@ func (s *Server) DeleteFile(ctx context.Context, req *weftv1.DeleteFileRequest) 
 	if err := lf.Delete(); err != nil {
 		return nil, err
 	}
-	if next := m.successor(); next != nil {
-		what := fmt.Sprintf("forward delete of inode %d", req.GetIno())
-		ctx, done := forwardContext(ctx, m.view)
-		defer done()
-		c, err := s.peers.client(next.GetAddress())
-		if err == nil {
-			_, err = c.DeleteFile(ctx, &weftv1.DeleteFileRequest{
+	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward delete of inode %d", req.GetIno()),
+		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
+			_, err := c.DeleteFile(ctx, &weftv1.DeleteFileRequest{
 				Ino: req.GetIno(), ChainId: m.view.id, ChainVersion: m.view.version, Forwarded: true, TargetId: next.GetTargetId(),
 			})
-		}
-		if err != nil {
-			return nil, s.forwardError(m, next, what, err)
-		}
+			return err
+		})
+	if err != nil {
+		return nil, err
 	}
 	return &weftv1.DeleteFileResponse{}, nil
 }
@@ -102,19 +94,36 @@ func (s *Server) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*we
 	if err := m.target.SyncFile(req.GetIno()); err != nil {
 		return nil, err
 	}
-	if next := m.successor(); next != nil {
-		what := fmt.Sprintf("forward sync of inode %d", req.GetIno())
-		ctx, done := forwardContext(ctx, m.view)
-		defer done()
-		c, err := s.peers.client(next.GetAddress())
-		if err == nil {
-			_, err = c.SyncFile(ctx, &weftv1.SyncFileRequest{
+	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward sync of inode %d", req.GetIno()),
+		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
+			_, err := c.SyncFile(ctx, &weftv1.SyncFileRequest{
 				Ino: req.GetIno(), ChainId: m.view.id, ChainVersion: m.view.version, Forwarded: true, TargetId: next.GetTargetId(),
 			})
-		}
-		if err != nil {
-			return nil, s.forwardError(m, next, what, err)
-		}
+			return err
+		})
+	if err != nil {
+		return nil, err
 	}
 	return &weftv1.SyncFileResponse{}, nil
+}
+
+// forwardFileOp passes a file-level operation (truncate, delete, sync) that
+// m has applied on to its successor in the chain, if any, and waits for
+// the rest of the chain; a failure names the member that failed.
+func (s *Server) forwardFileOp(ctx context.Context, m member, what string,
+	call func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error) error {
+	next := m.successor()
+	if next == nil {
+		return nil
+	}
+	ctx, done := forwardContext(ctx, m.view)
+	defer done()
+	c, err := s.peers.client(next.GetAddress())
+	if err == nil {
+		err = call(ctx, c, next)
+	}
+	if err != nil {
+		return s.forwardError(m, next, what, err)
+	}
+	return nil
 }

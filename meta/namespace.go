@@ -239,17 +239,8 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 	}
 	var a *weftv1.Attr
 	err := s.update(ctx, func(x *tx) error {
-		d, err := x.dir(req.Parent, op)
+		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
-			return err
-		}
-		if err := c.check(d, mayExec, op); err != nil {
-			return err
-		}
-		if err := x.mustNotExist(d.Ino, req.Name, op); err != nil {
-			return err
-		}
-		if err := c.check(d, mayWrite, op); err != nil {
 			return err
 		}
 		if a, err = x.newInode(c, d, syscall.S_IFDIR|req.Mode&0o1777); err != nil {
@@ -269,6 +260,26 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 		return nil, err
 	}
 	return &weftv1.AttrResponse{Attr: a}, nil
+}
+
+// dirForNewName returns directory parent for adding name to it: the
+// caller needs search permission, the name must be free, and then the
+// caller needs write permission (the order Linux checks in).
+func (x *tx) dirForNewName(c caller, parent uint64, name, op string) (*weftv1.Attr, error) {
+	d, err := x.dir(parent, op)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(d, mayExec, op); err != nil {
+		return nil, err
+	}
+	if err := x.mustNotExist(d.Ino, name, op); err != nil {
+		return nil, err
+	}
+	if err := c.check(d, mayWrite, op); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // mustNotExist returns EEXIST if name ("." and ".." included) exists in
@@ -302,17 +313,8 @@ func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*wef
 	}
 	var a *weftv1.Attr
 	err := s.update(ctx, func(x *tx) error {
-		d, err := x.dir(req.Parent, op)
+		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
-			return err
-		}
-		if err := c.check(d, mayExec, op); err != nil {
-			return err
-		}
-		if err := x.mustNotExist(d.Ino, req.Name, op); err != nil {
-			return err
-		}
-		if err := c.check(d, mayWrite, op); err != nil {
 			return err
 		}
 		if a, err = x.newInode(c, d, syscall.S_IFLNK|0o777); err != nil {
@@ -381,17 +383,8 @@ func (s *Service) Link(ctx context.Context, req *weftv1.LinkRequest) (*weftv1.At
 		case a.Nlink >= maxLinks:
 			return fserr.Wrap(syscall.EMLINK, "%s: the file already has %d links", op, a.Nlink)
 		}
-		d, err := x.dir(req.NewParent, op)
+		d, err := x.dirForNewName(c, req.NewParent, req.NewName, op)
 		if err != nil {
-			return err
-		}
-		if err := c.check(d, mayExec, op); err != nil {
-			return err
-		}
-		if err := x.mustNotExist(d.Ino, req.NewName, op); err != nil {
-			return err
-		}
-		if err := c.check(d, mayWrite, op); err != nil {
 			return err
 		}
 		a.Nlink++
