@@ -203,8 +203,12 @@ type Caller struct {
 	Uid   uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
 	Gid   uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
 	// Supplementary groups of the calling process.
-	Groups        []uint32 `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
-	Pid           uint32   `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	Groups []uint32 `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
+	Pid    uint32   `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Session of the client making the call: the meta service registers
+	// callbacks (cache invalidations) and locks against it. Empty for
+	// callers without a session (tools).
+	Session       string `protobuf:"bytes,5,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -265,6 +269,13 @@ func (x *Caller) GetPid() uint32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *Caller) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
 }
 
 // Layout says how a file's data is cut into chunks and placed on chains.
@@ -2780,7 +2791,10 @@ type OpenSessionResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	// How long the session lives without a renewal.
-	LeaseMs       int64 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	LeaseMs int64 `protobuf:"varint,2,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// Addresses of every live meta server of the cluster (clients fail over
+	// between them).
+	MetaAddresses []string `protobuf:"bytes,3,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2829,6 +2843,13 @@ func (x *OpenSessionResponse) GetLeaseMs() int64 {
 	return 0
 }
 
+func (x *OpenSessionResponse) GetMetaAddresses() []string {
+	if x != nil {
+		return x.MetaAddresses
+	}
+	return nil
+}
+
 type RenewSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -2874,7 +2895,9 @@ func (x *RenewSessionRequest) GetSession() string {
 }
 
 type RenewSessionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Addresses of every live meta server of the cluster.
+	MetaAddresses []string `protobuf:"bytes,1,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2907,6 +2930,13 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RenewSessionResponse) GetMetaAddresses() []string {
+	if x != nil {
+		return x.MetaAddresses
+	}
+	return nil
 }
 
 type CloseSessionRequest struct {
@@ -3185,11 +3215,14 @@ type RegisterServerRequest struct {
 	// Stable identity kept in the server's directory.
 	Uuid string `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	// Address clients and peers use to reach the data service.
-	Address       string          `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	Hostname      string          `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Targets       []*TargetReport `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"`
-	Site          string          `protobuf:"bytes,5,opt,name=site,proto3" json:"site,omitempty"`
-	Rack          string          `protobuf:"bytes,6,opt,name=rack,proto3" json:"rack,omitempty"`
+	Address  string          `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Hostname string          `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Targets  []*TargetReport `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"`
+	Site     string          `protobuf:"bytes,5,opt,name=site,proto3" json:"site,omitempty"`
+	Rack     string          `protobuf:"bytes,6,opt,name=rack,proto3" json:"rack,omitempty"`
+	// Address of the data server's lean data-path listener (chunk reads and
+	// writes without gRPC); empty if it has none.
+	WireAddress   string `protobuf:"bytes,7,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3266,6 +3299,13 @@ func (x *RegisterServerRequest) GetRack() string {
 	return ""
 }
 
+func (x *RegisterServerRequest) GetWireAddress() string {
+	if x != nil {
+		return x.WireAddress
+	}
+	return ""
+}
+
 type RegisterServerResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ServerId uint64                 `protobuf:"varint,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
@@ -3277,8 +3317,10 @@ type RegisterServerResponse struct {
 	// a heartbeat for half of it stops serving I/O (self-fencing). 0: the
 	// server assumes 2.5 heartbeat intervals.
 	FailureTimeoutMs int64 `protobuf:"varint,5,opt,name=failure_timeout_ms,json=failureTimeoutMs,proto3" json:"failure_timeout_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Address of the meta server that is the cluster manager now.
+	ManagerAddress string `protobuf:"bytes,6,opt,name=manager_address,json=managerAddress,proto3" json:"manager_address,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterServerResponse) Reset() {
@@ -3346,11 +3388,19 @@ func (x *RegisterServerResponse) GetFailureTimeoutMs() int64 {
 	return 0
 }
 
+func (x *RegisterServerResponse) GetManagerAddress() string {
+	if x != nil {
+		return x.ManagerAddress
+	}
+	return ""
+}
+
 type HeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ServerId      uint64                 `protobuf:"varint,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Targets       []*TargetReport        `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	WireAddress   string                 `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3406,13 +3456,22 @@ func (x *HeartbeatRequest) GetTargets() []*TargetReport {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetWireAddress() string {
+	if x != nil {
+		return x.WireAddress
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Chains *ChainTable            `protobuf:"bytes,1,opt,name=chains,proto3" json:"chains,omitempty"`
 	// The meta service does not know this server (re-register).
 	UnknownServer bool `protobuf:"varint,2,opt,name=unknown_server,json=unknownServer,proto3" json:"unknown_server,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Address of the meta server that is the cluster manager now.
+	ManagerAddress string `protobuf:"bytes,3,opt,name=manager_address,json=managerAddress,proto3" json:"manager_address,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -3457,6 +3516,13 @@ func (x *HeartbeatResponse) GetUnknownServer() bool {
 		return x.UnknownServer
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetManagerAddress() string {
+	if x != nil {
+		return x.ManagerAddress
+	}
+	return ""
 }
 
 // Chain is an ordered list of targets holding the same chunks.
@@ -3536,7 +3602,9 @@ type ChainMember struct {
 	ServerId uint64                 `protobuf:"varint,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	Address  string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
 	// "serving", "syncing", "offline".
-	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The member's lean data-path address (see RegisterServerRequest).
+	WireAddress   string `protobuf:"bytes,5,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3595,6 +3663,13 @@ func (x *ChainMember) GetAddress() string {
 func (x *ChainMember) GetState() string {
 	if x != nil {
 		return x.State
+	}
+	return ""
+}
+
+func (x *ChainMember) GetWireAddress() string {
+	if x != nil {
+		return x.WireAddress
 	}
 	return ""
 }
@@ -4264,8 +4339,11 @@ type StatusResponse struct {
 	SyncBytesLeft uint64 `protobuf:"varint,14,opt,name=sync_bytes_left,json=syncBytesLeft,proto3" json:"sync_bytes_left,omitempty"`
 	SyncEtaMs     int64  `protobuf:"varint,15,opt,name=sync_eta_ms,json=syncEtaMs,proto3" json:"sync_eta_ms,omitempty"`
 	// Things an admin should look at (e.g. chain members sharing a server).
-	Warnings      []string `protobuf:"bytes,16,rep,name=warnings,proto3" json:"warnings,omitempty"`
-	ChainList     []*Chain `protobuf:"bytes,17,rep,name=chain_list,json=chainList,proto3" json:"chain_list,omitempty"`
+	Warnings  []string `protobuf:"bytes,16,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	ChainList []*Chain `protobuf:"bytes,17,rep,name=chain_list,json=chainList,proto3" json:"chain_list,omitempty"`
+	// Client sessions (mounts) and meta servers of the cluster.
+	SessionList   []*SessionStatus    `protobuf:"bytes,18,rep,name=session_list,json=sessionList,proto3" json:"session_list,omitempty"`
+	MetaServers   []*MetaServerStatus `protobuf:"bytes,19,rep,name=meta_servers,json=metaServers,proto3" json:"meta_servers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4419,16 +4497,869 @@ func (x *StatusResponse) GetChainList() []*Chain {
 	return nil
 }
 
+func (x *StatusResponse) GetSessionList() []*SessionStatus {
+	if x != nil {
+		return x.SessionList
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetMetaServers() []*MetaServerStatus {
+	if x != nil {
+		return x.MetaServers
+	}
+	return nil
+}
+
+// SessionStatus describes one client session (a mount).
+type SessionStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Host       string                 `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	MountPoint string                 `protobuf:"bytes,3,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	Version    string                 `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	OpenFiles  uint32                 `protobuf:"varint,5,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`
+	Locks      uint32                 `protobuf:"varint,6,opt,name=locks,proto3" json:"locks,omitempty"`
+	// Time left on the lease.
+	ExpiresInMs   int64 `protobuf:"varint,7,opt,name=expires_in_ms,json=expiresInMs,proto3" json:"expires_in_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionStatus) Reset() {
+	*x = SessionStatus{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionStatus) ProtoMessage() {}
+
+func (x *SessionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionStatus.ProtoReflect.Descriptor instead.
+func (*SessionStatus) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *SessionStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SessionStatus) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *SessionStatus) GetMountPoint() string {
+	if x != nil {
+		return x.MountPoint
+	}
+	return ""
+}
+
+func (x *SessionStatus) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *SessionStatus) GetOpenFiles() uint32 {
+	if x != nil {
+		return x.OpenFiles
+	}
+	return 0
+}
+
+func (x *SessionStatus) GetLocks() uint32 {
+	if x != nil {
+		return x.Locks
+	}
+	return 0
+}
+
+func (x *SessionStatus) GetExpiresInMs() int64 {
+	if x != nil {
+		return x.ExpiresInMs
+	}
+	return 0
+}
+
+// MetaServerStatus describes one meta server.
+type MetaServerStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// Elected cluster manager.
+	Manager bool `protobuf:"varint,3,opt,name=manager,proto3" json:"manager,omitempty"`
+	// Time since it last renewed its registration.
+	LastSeenMs    int64  `protobuf:"varint,4,opt,name=last_seen_ms,json=lastSeenMs,proto3" json:"last_seen_ms,omitempty"`
+	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetaServerStatus) Reset() {
+	*x = MetaServerStatus{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetaServerStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetaServerStatus) ProtoMessage() {}
+
+func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetaServerStatus.ProtoReflect.Descriptor instead.
+func (*MetaServerStatus) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *MetaServerStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MetaServerStatus) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *MetaServerStatus) GetManager() bool {
+	if x != nil {
+		return x.Manager
+	}
+	return false
+}
+
+func (x *MetaServerStatus) GetLastSeenMs() int64 {
+	if x != nil {
+		return x.LastSeenMs
+	}
+	return 0
+}
+
+func (x *MetaServerStatus) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+// LockRequest takes, releases or tests a flock or POSIX byte-range lock.
+type LockRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Ino    uint64                 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	// Owner as the kernel names it (the lock_owner of the FUSE request).
+	Owner uint64 `protobuf:"varint,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Byte range, end inclusive; end = 2^64-1 means to the end of the file.
+	Start uint64 `protobuf:"varint,4,opt,name=start,proto3" json:"start,omitempty"`
+	End   uint64 `protobuf:"varint,5,opt,name=end,proto3" json:"end,omitempty"`
+	// Linux values: 0 F_RDLCK, 1 F_WRLCK, 2 F_UNLCK.
+	Type uint32 `protobuf:"varint,6,opt,name=type,proto3" json:"type,omitempty"`
+	Pid  uint32 `protobuf:"varint,7,opt,name=pid,proto3" json:"pid,omitempty"`
+	// A flock(2) lock (whole file, owner is the open file) rather than a
+	// POSIX (fcntl) one.
+	Flock bool `protobuf:"varint,8,opt,name=flock,proto3" json:"flock,omitempty"`
+	// SetLock: wait until the lock can be taken (F_SETLKW) instead of
+	// failing with EAGAIN.
+	Wait          bool `protobuf:"varint,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockRequest) Reset() {
+	*x = LockRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockRequest) ProtoMessage() {}
+
+func (x *LockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
+func (*LockRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *LockRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *LockRequest) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *LockRequest) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+func (x *LockRequest) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *LockRequest) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *LockRequest) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *LockRequest) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *LockRequest) GetFlock() bool {
+	if x != nil {
+		return x.Flock
+	}
+	return false
+}
+
+func (x *LockRequest) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+// LockResponse: for GetLock, the first conflicting lock (type F_UNLCK if
+// none).
+type LockResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          uint32                 `protobuf:"varint,1,opt,name=type,proto3" json:"type,omitempty"`
+	Start         uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	Pid           uint32                 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	Owner         uint64                 `protobuf:"varint,5,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockResponse) Reset() {
+	*x = LockResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockResponse) ProtoMessage() {}
+
+func (x *LockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
+func (*LockResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *LockResponse) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *LockResponse) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *LockResponse) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *LockResponse) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *LockResponse) GetOwner() uint64 {
+	if x != nil {
+		return x.Owner
+	}
+	return 0
+}
+
+// WatchRequest opens the callback stream of a session.
+type WatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *WatchRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+// Invalidation is a callback: cached metadata a client holds has changed.
+type Invalidation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Inodes whose attributes (or, for regular files, data) changed.
+	Inodes []uint64 `protobuf:"varint,1,rep,packed,name=inodes,proto3" json:"inodes,omitempty"`
+	// Directory entries that were added, removed or replaced.
+	Entries []*EntryChange `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	// The server may have missed changes (restart, overflow): drop every
+	// cached item.
+	All           bool `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Invalidation) Reset() {
+	*x = Invalidation{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Invalidation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Invalidation) ProtoMessage() {}
+
+func (x *Invalidation) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
+func (*Invalidation) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *Invalidation) GetInodes() []uint64 {
+	if x != nil {
+		return x.Inodes
+	}
+	return nil
+}
+
+func (x *Invalidation) GetEntries() []*EntryChange {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *Invalidation) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+// EntryChange names one directory entry.
+type EntryChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Parent        uint64                 `protobuf:"varint,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntryChange) Reset() {
+	*x = EntryChange{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntryChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntryChange) ProtoMessage() {}
+
+func (x *EntryChange) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
+func (*EntryChange) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *EntryChange) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *EntryChange) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ForgetRequest tells the meta service that a client no longer caches
+// these inodes (no more callbacks needed).
+type ForgetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Inodes        []uint64               `protobuf:"varint,2,rep,packed,name=inodes,proto3" json:"inodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetRequest) Reset() {
+	*x = ForgetRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetRequest) ProtoMessage() {}
+
+func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
+func (*ForgetRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ForgetRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ForgetRequest) GetInodes() []uint64 {
+	if x != nil {
+		return x.Inodes
+	}
+	return nil
+}
+
+type ForgetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetResponse) Reset() {
+	*x = ForgetResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetResponse) ProtoMessage() {}
+
+func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
+func (*ForgetResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
+}
+
+// FsckRequest checks the namespace and the chunks on the data servers.
+type FsckRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Repair what can be repaired safely.
+	Repair        bool `protobuf:"varint,1,opt,name=repair,proto3" json:"repair,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckRequest) Reset() {
+	*x = FsckRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckRequest) ProtoMessage() {}
+
+func (x *FsckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckRequest.ProtoReflect.Descriptor instead.
+func (*FsckRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *FsckRequest) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
+// FsckProblem is one inconsistency fsck found.
+type FsckProblem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// e.g. "dangling_entry", "wrong_nlink", "orphan_inode",
+	// "unowned_chunk", "missing_chunk".
+	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Ino           uint64 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	Parent        uint64 `protobuf:"varint,3,opt,name=parent,proto3" json:"parent,omitempty"`
+	Name          string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	Repaired      bool   `protobuf:"varint,6,opt,name=repaired,proto3" json:"repaired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FsckProblem) Reset() {
+	*x = FsckProblem{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckProblem) ProtoMessage() {}
+
+func (x *FsckProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckProblem.ProtoReflect.Descriptor instead.
+func (*FsckProblem) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *FsckProblem) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *FsckProblem) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *FsckProblem) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *FsckProblem) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FsckProblem) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *FsckProblem) GetRepaired() bool {
+	if x != nil {
+		return x.Repaired
+	}
+	return false
+}
+
+type FsckResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Problems       []*FsckProblem         `protobuf:"bytes,1,rep,name=problems,proto3" json:"problems,omitempty"`
+	InodesChecked  uint64                 `protobuf:"varint,2,opt,name=inodes_checked,json=inodesChecked,proto3" json:"inodes_checked,omitempty"`
+	EntriesChecked uint64                 `protobuf:"varint,3,opt,name=entries_checked,json=entriesChecked,proto3" json:"entries_checked,omitempty"`
+	ChunksChecked  uint64                 `protobuf:"varint,4,opt,name=chunks_checked,json=chunksChecked,proto3" json:"chunks_checked,omitempty"`
+	DurationMs     int64                  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Problems past the reporting limit were counted but not listed.
+	ProblemsNotListed uint64 `protobuf:"varint,6,opt,name=problems_not_listed,json=problemsNotListed,proto3" json:"problems_not_listed,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *FsckResponse) Reset() {
+	*x = FsckResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FsckResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FsckResponse) ProtoMessage() {}
+
+func (x *FsckResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FsckResponse.ProtoReflect.Descriptor instead.
+func (*FsckResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *FsckResponse) GetProblems() []*FsckProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *FsckResponse) GetInodesChecked() uint64 {
+	if x != nil {
+		return x.InodesChecked
+	}
+	return 0
+}
+
+func (x *FsckResponse) GetEntriesChecked() uint64 {
+	if x != nil {
+		return x.EntriesChecked
+	}
+	return 0
+}
+
+func (x *FsckResponse) GetChunksChecked() uint64 {
+	if x != nil {
+		return x.ChunksChecked
+	}
+	return 0
+}
+
+func (x *FsckResponse) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *FsckResponse) GetProblemsNotListed() uint64 {
+	if x != nil {
+		return x.ProblemsNotListed
+	}
+	return 0
+}
+
 var File_proto_weft_v1_meta_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
-	"\x18proto/weft/v1/meta.proto\x12\aweft.v1\"V\n" +
+	"\x18proto/weft/v1/meta.proto\x12\aweft.v1\"p\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x10\n" +
-	"\x03pid\x18\x04 \x01(\rR\x03pid\"\x92\x01\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
+	"\asession\x18\x05 \x01(\tR\asession\"\x92\x01\n" +
 	"\x06Layout\x12\x1d\n" +
 	"\n" +
 	"chunk_size\x18\x01 \x01(\rR\tchunkSize\x12!\n" +
@@ -4605,13 +5536,15 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1f\n" +
 	"\vmount_point\x18\x02 \x01(\tR\n" +
 	"mountPoint\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"J\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\"q\n" +
 	"\x13OpenSessionResponse\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\x03R\aleaseMs\"/\n" +
+	"\blease_ms\x18\x02 \x01(\x03R\aleaseMs\x12%\n" +
+	"\x0emeta_addresses\x18\x03 \x03(\tR\rmetaAddresses\"/\n" +
 	"\x13RenewSessionRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
-	"\x14RenewSessionResponse\"/\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"=\n" +
+	"\x14RenewSessionResponse\x12%\n" +
+	"\x0emeta_addresses\x18\x01 \x03(\tR\rmetaAddresses\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
 	"\x14CloseSessionResponse\"\xeb\x02\n" +
@@ -4638,38 +5571,43 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"bytes_done\x18\x02 \x01(\x04R\tbytesDone\x12\x1d\n" +
 	"\n" +
-	"bytes_left\x18\x03 \x01(\x04R\tbytesLeft\"\xba\x01\n" +
+	"bytes_left\x18\x03 \x01(\x04R\tbytesLeft\"\xdd\x01\n" +
 	"\x15RegisterServerRequest\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12/\n" +
 	"\atargets\x18\x04 \x03(\v2\x15.weft.v1.TargetReportR\atargets\x12\x12\n" +
 	"\x04site\x18\x05 \x01(\tR\x04site\x12\x12\n" +
-	"\x04rack\x18\x06 \x01(\tR\x04rack\"\xe3\x01\n" +
+	"\x04rack\x18\x06 \x01(\tR\x04rack\x12!\n" +
+	"\fwire_address\x18\a \x01(\tR\vwireAddress\"\x8c\x02\n" +
 	"\x16RegisterServerResponse\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x1d\n" +
 	"\n" +
 	"target_ids\x18\x02 \x03(\x04R\ttargetIds\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12+\n" +
 	"\x06chains\x18\x04 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12,\n" +
-	"\x12failure_timeout_ms\x18\x05 \x01(\x03R\x10failureTimeoutMs\"z\n" +
+	"\x12failure_timeout_ms\x18\x05 \x01(\x03R\x10failureTimeoutMs\x12'\n" +
+	"\x0fmanager_address\x18\x06 \x01(\tR\x0emanagerAddress\"\x9d\x01\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12/\n" +
-	"\atargets\x18\x03 \x03(\v2\x15.weft.v1.TargetReportR\atargets\"g\n" +
+	"\atargets\x18\x03 \x03(\v2\x15.weft.v1.TargetReportR\atargets\x12!\n" +
+	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\"\x90\x01\n" +
 	"\x11HeartbeatResponse\x12+\n" +
 	"\x06chains\x18\x01 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12%\n" +
-	"\x0eunknown_server\x18\x02 \x01(\bR\runknownServer\"}\n" +
+	"\x0eunknown_server\x18\x02 \x01(\bR\runknownServer\x12'\n" +
+	"\x0fmanager_address\x18\x03 \x01(\tR\x0emanagerAddress\"}\n" +
 	"\x05Chain\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12.\n" +
 	"\amembers\x18\x03 \x03(\v2\x14.weft.v1.ChainMemberR\amembers\x12\x1a\n" +
-	"\breplicas\x18\x04 \x01(\rR\breplicas\"w\n" +
+	"\breplicas\x18\x04 \x01(\rR\breplicas\"\x9a\x01\n" +
 	"\vChainMember\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\x04R\btargetId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\x04R\bserverId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05state\x18\x04 \x01(\tR\x05state\"N\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12!\n" +
+	"\fwire_address\x18\x05 \x01(\tR\vwireAddress\"N\n" +
 	"\n" +
 	"ChainTable\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12&\n" +
@@ -4718,7 +5656,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x0escrub_repaired\x18\n" +
 	" \x01(\x04R\rscrubRepaired\x12\x18\n" +
 	"\aremoved\x18\v \x01(\bR\aremoved\"\x0f\n" +
-	"\rStatusRequest\"\xed\x04\n" +
+	"\rStatusRequest\"\xe6\x05\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
@@ -4743,7 +5681,72 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\vsync_eta_ms\x18\x0f \x01(\x03R\tsyncEtaMs\x12\x1a\n" +
 	"\bwarnings\x18\x10 \x03(\tR\bwarnings\x12-\n" +
 	"\n" +
-	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList*\xd3\x01\n" +
+	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList\x129\n" +
+	"\fsession_list\x18\x12 \x03(\v2\x16.weft.v1.SessionStatusR\vsessionList\x12<\n" +
+	"\fmeta_servers\x18\x13 \x03(\v2\x19.weft.v1.MetaServerStatusR\vmetaServers\"\xc7\x01\n" +
+	"\rSessionStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1f\n" +
+	"\vmount_point\x18\x03 \x01(\tR\n" +
+	"mountPoint\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\x05 \x01(\rR\topenFiles\x12\x14\n" +
+	"\x05locks\x18\x06 \x01(\rR\x05locks\x12\"\n" +
+	"\rexpires_in_ms\x18\a \x01(\x03R\vexpiresInMs\"\x92\x01\n" +
+	"\x10MetaServerStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\amanager\x18\x03 \x01(\bR\amanager\x12 \n" +
+	"\flast_seen_ms\x18\x04 \x01(\x03R\n" +
+	"lastSeenMs\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"\xd6\x01\n" +
+	"\vLockRequest\x12'\n" +
+	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\x04R\x05owner\x12\x14\n" +
+	"\x05start\x18\x04 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x05 \x01(\x04R\x03end\x12\x12\n" +
+	"\x04type\x18\x06 \x01(\rR\x04type\x12\x10\n" +
+	"\x03pid\x18\a \x01(\rR\x03pid\x12\x14\n" +
+	"\x05flock\x18\b \x01(\bR\x05flock\x12\x12\n" +
+	"\x04wait\x18\t \x01(\bR\x04wait\"r\n" +
+	"\fLockResponse\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\rR\x04type\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x14\n" +
+	"\x05owner\x18\x05 \x01(\x04R\x05owner\"(\n" +
+	"\fWatchRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"h\n" +
+	"\fInvalidation\x12\x16\n" +
+	"\x06inodes\x18\x01 \x03(\x04R\x06inodes\x12.\n" +
+	"\aentries\x18\x02 \x03(\v2\x14.weft.v1.EntryChangeR\aentries\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\"9\n" +
+	"\vEntryChange\x12\x16\n" +
+	"\x06parent\x18\x01 \x01(\x04R\x06parent\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"A\n" +
+	"\rForgetRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
+	"\x06inodes\x18\x02 \x03(\x04R\x06inodes\"\x10\n" +
+	"\x0eForgetResponse\"%\n" +
+	"\vFsckRequest\x12\x16\n" +
+	"\x06repair\x18\x01 \x01(\bR\x06repair\"\x93\x01\n" +
+	"\vFsckProblem\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x16\n" +
+	"\x06parent\x18\x03 \x01(\x04R\x06parent\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\x12\x1a\n" +
+	"\brepaired\x18\x06 \x01(\bR\brepaired\"\x88\x02\n" +
+	"\fFsckResponse\x120\n" +
+	"\bproblems\x18\x01 \x03(\v2\x14.weft.v1.FsckProblemR\bproblems\x12%\n" +
+	"\x0einodes_checked\x18\x02 \x01(\x04R\rinodesChecked\x12'\n" +
+	"\x0fentries_checked\x18\x03 \x01(\x04R\x0eentriesChecked\x12%\n" +
+	"\x0echunks_checked\x18\x04 \x01(\x04R\rchunksChecked\x12\x1f\n" +
+	"\vduration_ms\x18\x05 \x01(\x03R\n" +
+	"durationMs\x12.\n" +
+	"\x13problems_not_listed\x18\x06 \x01(\x04R\x11problemsNotListed*\xd3\x01\n" +
 	"\fSetAttrValid\x12\x10\n" +
 	"\fSETATTR_NONE\x10\x00\x12\x10\n" +
 	"\fSETATTR_MODE\x10\x01\x12\x0f\n" +
@@ -4763,7 +5766,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\x97\x10\n" +
+	"\rXATTR_REPLACE\x10\x022\xb0\x12\n" +
 	"\x04Meta\x127\n" +
 	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
@@ -4796,7 +5799,12 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\x12K\n" +
 	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\x12K\n" +
 	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\x129\n" +
-	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
+	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponse\x126\n" +
+	"\aGetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\x126\n" +
+	"\aSetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\x127\n" +
+	"\x05Watch\x12\x15.weft.v1.WatchRequest\x1a\x15.weft.v1.Invalidation0\x01\x129\n" +
+	"\x06Forget\x12\x16.weft.v1.ForgetRequest\x1a\x17.weft.v1.ForgetResponse\x123\n" +
+	"\x04Fsck\x12\x14.weft.v1.FsckRequest\x1a\x15.weft.v1.FsckResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
 	file_proto_weft_v1_meta_proto_rawDescOnce sync.Once
@@ -4811,7 +5819,7 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(SetAttrValid)(0),              // 0: weft.v1.SetAttrValid
 	(RenameFlags)(0),               // 1: weft.v1.RenameFlags
@@ -4883,6 +5891,18 @@ var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(*TargetStatus)(nil),           // 67: weft.v1.TargetStatus
 	(*StatusRequest)(nil),          // 68: weft.v1.StatusRequest
 	(*StatusResponse)(nil),         // 69: weft.v1.StatusResponse
+	(*SessionStatus)(nil),          // 70: weft.v1.SessionStatus
+	(*MetaServerStatus)(nil),       // 71: weft.v1.MetaServerStatus
+	(*LockRequest)(nil),            // 72: weft.v1.LockRequest
+	(*LockResponse)(nil),           // 73: weft.v1.LockResponse
+	(*WatchRequest)(nil),           // 74: weft.v1.WatchRequest
+	(*Invalidation)(nil),           // 75: weft.v1.Invalidation
+	(*EntryChange)(nil),            // 76: weft.v1.EntryChange
+	(*ForgetRequest)(nil),          // 77: weft.v1.ForgetRequest
+	(*ForgetResponse)(nil),         // 78: weft.v1.ForgetResponse
+	(*FsckRequest)(nil),            // 79: weft.v1.FsckRequest
+	(*FsckProblem)(nil),            // 80: weft.v1.FsckProblem
+	(*FsckResponse)(nil),           // 81: weft.v1.FsckResponse
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,  // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
@@ -4925,75 +5945,90 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,  // 37: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
 	64, // 38: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
 	57, // 39: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	7,  // 40: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 41: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 42: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 43: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 44: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 45: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 46: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 47: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 48: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 49: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 50: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 51: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 52: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 53: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 54: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 55: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 56: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 57: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 58: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 59: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 60: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 61: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 62: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	45, // 63: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 64: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 65: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	53, // 66: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	55, // 67: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	65, // 68: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	60, // 69: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	62, // 70: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	68, // 71: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	8,  // 72: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 73: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 74: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 75: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 76: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 77: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 78: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 79: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 80: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 81: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 82: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 83: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 84: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 85: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 86: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 87: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 88: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 89: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 90: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 91: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 92: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 93: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 94: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	46, // 95: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 96: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 97: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	54, // 98: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	56, // 99: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	59, // 100: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	61, // 101: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	63, // 102: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	69, // 103: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	72, // [72:104] is the sub-list for method output_type
-	40, // [40:72] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	70, // 40: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	71, // 41: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,  // 42: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	76, // 43: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	80, // 44: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	7,  // 45: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,  // 46: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10, // 47: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11, // 48: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13, // 49: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	14, // 50: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	14, // 51: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	16, // 52: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	18, // 53: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	19, // 54: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	20, // 55: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	22, // 56: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	25, // 57: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	26, // 58: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	28, // 59: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	30, // 60: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	31, // 61: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	33, // 62: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	35, // 63: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	37, // 64: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	39, // 65: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	41, // 66: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	43, // 67: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	45, // 68: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	47, // 69: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	49, // 70: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	53, // 71: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	55, // 72: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	65, // 73: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	60, // 74: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	62, // 75: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	68, // 76: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	72, // 77: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	72, // 78: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	74, // 79: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	77, // 80: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	79, // 81: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,  // 82: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,  // 83: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,  // 84: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12, // 85: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	8,  // 86: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	15, // 87: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	15, // 88: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	17, // 89: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,  // 90: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,  // 91: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	21, // 92: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	24, // 93: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,  // 94: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	27, // 95: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	29, // 96: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,  // 97: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	32, // 98: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	34, // 99: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	36, // 100: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	38, // 101: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	40, // 102: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	42, // 103: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	44, // 104: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	46, // 105: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	48, // 106: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	50, // 107: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	54, // 108: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	56, // 109: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	59, // 110: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	61, // 111: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	63, // 112: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	69, // 113: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	73, // 114: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	73, // 115: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	75, // 116: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	78, // 117: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	81, // 118: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	82, // [82:119] is the sub-list for method output_type
+	45, // [45:82] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -5007,7 +6042,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   67,
+			NumMessages:   79,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

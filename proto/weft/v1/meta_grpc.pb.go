@@ -54,6 +54,11 @@ const (
 	Meta_ReportSynced_FullMethodName   = "/weft.v1.Meta/ReportSynced"
 	Meta_RemoveTarget_FullMethodName   = "/weft.v1.Meta/RemoveTarget"
 	Meta_Status_FullMethodName         = "/weft.v1.Meta/Status"
+	Meta_GetLock_FullMethodName        = "/weft.v1.Meta/GetLock"
+	Meta_SetLock_FullMethodName        = "/weft.v1.Meta/SetLock"
+	Meta_Watch_FullMethodName          = "/weft.v1.Meta/Watch"
+	Meta_Forget_FullMethodName         = "/weft.v1.Meta/Forget"
+	Meta_Fsck_FullMethodName           = "/weft.v1.Meta/Fsck"
 )
 
 // MetaClient is the client API for Meta service.
@@ -94,6 +99,11 @@ type MetaClient interface {
 	ReportSynced(ctx context.Context, in *ReportSyncedRequest, opts ...grpc.CallOption) (*ReportSyncedResponse, error)
 	RemoveTarget(ctx context.Context, in *RemoveTargetRequest, opts ...grpc.CallOption) (*RemoveTargetResponse, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	GetLock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockResponse, error)
+	SetLock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockResponse, error)
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Invalidation], error)
+	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
+	Fsck(ctx context.Context, in *FsckRequest, opts ...grpc.CallOption) (*FsckResponse, error)
 }
 
 type metaClient struct {
@@ -424,6 +434,65 @@ func (c *metaClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *metaClient) GetLock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LockResponse)
+	err := c.cc.Invoke(ctx, Meta_GetLock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) SetLock(ctx context.Context, in *LockRequest, opts ...grpc.CallOption) (*LockResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LockResponse)
+	err := c.cc.Invoke(ctx, Meta_SetLock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Invalidation], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Meta_ServiceDesc.Streams[0], Meta_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, Invalidation]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Meta_WatchClient = grpc.ServerStreamingClient[Invalidation]
+
+func (c *metaClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetResponse)
+	err := c.cc.Invoke(ctx, Meta_Forget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Fsck(ctx context.Context, in *FsckRequest, opts ...grpc.CallOption) (*FsckResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FsckResponse)
+	err := c.cc.Invoke(ctx, Meta_Fsck_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MetaServer is the server API for Meta service.
 // All implementations must embed UnimplementedMetaServer
 // for forward compatibility.
@@ -462,6 +531,11 @@ type MetaServer interface {
 	ReportSynced(context.Context, *ReportSyncedRequest) (*ReportSyncedResponse, error)
 	RemoveTarget(context.Context, *RemoveTargetRequest) (*RemoveTargetResponse, error)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	GetLock(context.Context, *LockRequest) (*LockResponse, error)
+	SetLock(context.Context, *LockRequest) (*LockResponse, error)
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Invalidation]) error
+	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
+	Fsck(context.Context, *FsckRequest) (*FsckResponse, error)
 	mustEmbedUnimplementedMetaServer()
 }
 
@@ -567,6 +641,21 @@ func (UnimplementedMetaServer) RemoveTarget(context.Context, *RemoveTargetReques
 }
 func (UnimplementedMetaServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedMetaServer) GetLock(context.Context, *LockRequest) (*LockResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetLock not implemented")
+}
+func (UnimplementedMetaServer) SetLock(context.Context, *LockRequest) (*LockResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetLock not implemented")
+}
+func (UnimplementedMetaServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Invalidation]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedMetaServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Forget not implemented")
+}
+func (UnimplementedMetaServer) Fsck(context.Context, *FsckRequest) (*FsckResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fsck not implemented")
 }
 func (UnimplementedMetaServer) mustEmbedUnimplementedMetaServer() {}
 func (UnimplementedMetaServer) testEmbeddedByValue()              {}
@@ -1165,6 +1254,89 @@ func _Meta_Status_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Meta_GetLock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).GetLock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_GetLock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).GetLock(ctx, req.(*LockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_SetLock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).SetLock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_SetLock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).SetLock(ctx, req.(*LockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MetaServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Invalidation]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Meta_WatchServer = grpc.ServerStreamingServer[Invalidation]
+
+func _Meta_Forget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Forget(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Forget_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Forget(ctx, req.(*ForgetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Fsck_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FsckRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Fsck(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Fsck_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Fsck(ctx, req.(*FsckRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Meta_ServiceDesc is the grpc.ServiceDesc for Meta service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1300,7 +1472,29 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Status",
 			Handler:    _Meta_Status_Handler,
 		},
+		{
+			MethodName: "GetLock",
+			Handler:    _Meta_GetLock_Handler,
+		},
+		{
+			MethodName: "SetLock",
+			Handler:    _Meta_SetLock_Handler,
+		},
+		{
+			MethodName: "Forget",
+			Handler:    _Meta_Forget_Handler,
+		},
+		{
+			MethodName: "Fsck",
+			Handler:    _Meta_Fsck_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _Meta_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "proto/weft/v1/meta.proto",
 }
