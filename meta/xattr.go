@@ -103,30 +103,14 @@ func (s *Service) SetXattr(ctx context.Context, req *weftv1.SetXattrRequest) (*w
 	if req.Flags&^(xattrCreate|xattrReplace) != 0 || req.Flags == xattrCreate|xattrReplace {
 		return nil, fserr.Wrap(syscall.EINVAL, "%s: invalid flags %#x", op, req.Flags)
 	}
-	err := s.update(ctx, func(x *tx) error {
-		a, err := x.inode(req.Ino, op)
-		if err != nil {
-			return err
-		}
-		if err := checkXattr(c, a, req.Name, true, op); err != nil {
-			return err
-		}
-		k := xattrKey(a.Ino, req.Name)
-		_, exists, err := x.t.Get(k)
-		if err != nil {
-			return err
-		}
+	err := s.mutateXattr(ctx, c, req.Ino, req.Name, op, func(x *tx, k []byte, exists bool) error {
 		switch {
 		case exists && req.Flags&xattrCreate != 0:
 			return fserr.Wrap(syscall.EEXIST, "%s: attribute exists", op)
 		case !exists && req.Flags&xattrReplace != 0:
 			return fserr.Wrap(syscall.ENODATA, "%s: no such attribute to replace", op)
 		}
-		if err := x.t.Set(k, append([]byte{}, req.Value...)); err != nil {
-			return err
-		}
-		a.CtimeNs = x.now
-		return x.putInode(a)
+		return x.t.Set(k, append([]byte{}, req.Value...))
 	})
 	if err != nil {
 		return nil, err
@@ -163,30 +147,41 @@ func (s *Service) ListXattr(ctx context.Context, req *weftv1.ListXattrRequest) (
 func (s *Service) RemoveXattr(ctx context.Context, req *weftv1.RemoveXattrRequest) (*weftv1.RemoveXattrResponse, error) {
 	c := callerOf(req.Caller)
 	op := fmt.Sprintf("removexattr %q of inode %d", req.Name, req.Ino)
-	err := s.update(ctx, func(x *tx) error {
-		a, err := x.inode(req.Ino, op)
-		if err != nil {
-			return err
-		}
-		if err := checkXattr(c, a, req.Name, true, op); err != nil {
-			return err
-		}
-		k := xattrKey(a.Ino, req.Name)
-		_, exists, err := x.t.Get(k)
-		if err != nil {
-			return err
-		}
+	err := s.mutateXattr(ctx, c, req.Ino, req.Name, op, func(x *tx, k []byte, exists bool) error {
 		if !exists {
 			return fserr.Wrap(syscall.ENODATA, "%s: no such attribute", op)
 		}
-		if err := x.t.Delete(k); err != nil {
-			return err
-		}
-		a.CtimeNs = x.now
-		return x.putInode(a)
+		return x.t.Delete(k)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &weftv1.RemoveXattrResponse{}, nil
+}
+
+// mutateXattr runs change on extended attribute name of inode ino in one
+// transaction, after the caller's permission check, and updates the
+// inode's ctime when change succeeds. change gets the attribute's key and
+// whether it exists.
+func (s *Service) mutateXattr(ctx context.Context, c caller, ino uint64, name, op string,
+	change func(x *tx, k []byte, exists bool) error) error {
+	return s.update(ctx, func(x *tx) error {
+		a, err := x.inode(ino, op)
+		if err != nil {
+			return err
+		}
+		if err := checkXattr(c, a, name, true, op); err != nil {
+			return err
+		}
+		k := xattrKey(a.Ino, name)
+		_, exists, err := x.t.Get(k)
+		if err != nil {
+			return err
+		}
+		if err := change(x, k, exists); err != nil {
+			return err
+		}
+		a.CtimeNs = x.now
+		return x.putInode(a)
+	})
 }
