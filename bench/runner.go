@@ -37,6 +37,7 @@ type Config struct {
 	Size      int64    // bytes per process file
 	Files     int      // metadata entries per process
 	TarFiles  int      // files in the generated tarball
+	WalkFiles int      // files of the prepared tree of the walk group (0: no walk group)
 	Repeat    int      // repetitions; the report quotes medians
 	Workloads []string // groups (data, meta, tree, fair) or workload names; empty: all
 	Cold      string   // "auto" (drop caches as root, else fadvise), "drop", "fadvise", "none"
@@ -81,6 +82,7 @@ type Measurement struct {
 	WorkerCPU  float64         `json:"worker_cpu_seconds"`
 	MatchCPU   float64         `json:"match_cpu_seconds,omitempty"`
 	CoreMsPerM float64         `json:"match_core_ms_per_mb,omitempty"`
+	CoreMsOp   float64         `json:"match_core_ms_per_op,omitempty"` // metadata and tree workloads
 	PeakRSS    int64           `json:"match_peak_rss_bytes,omitempty"` // largest VmHWM of the matched processes so far
 	Cold       string          `json:"cold,omitempty"`
 	Spread     float64         `json:"spread,omitempty"` // slowest/fastest worker rate
@@ -359,6 +361,9 @@ func runStep(ctx context.Context, cfg *Config, s *step, target string) (*Measure
 		m.PeakRSS = cpu1.peakRSS()
 		if m.Bytes > 0 {
 			m.CoreMsPerM = m.MatchCPU * 1000 / (float64(m.Bytes) / 1e6)
+		}
+		if m.Ops > 0 && !isDataWorkload(s.workload) {
+			m.CoreMsOp = m.MatchCPU * 1000 / float64(m.Ops)
 		}
 	}
 	if maxR > 0 && len(results) > 1 {

@@ -55,7 +55,12 @@ func Summarize(r *Results) []Row {
 			if len(ms) > 0 {
 				med := medianBy(ms, func(m Measurement) float64 { return m.Rate() })
 				rate = med.Rate()
-				cpu = median(mapf(ms, func(m Measurement) float64 { return m.CoreMsPerM }))
+				cpu = median(mapf(ms, func(m Measurement) float64 {
+					if isDataWorkload(m.Workload) {
+						return m.CoreMsPerM
+					}
+					return m.CoreMsOp
+				}))
 				spread = median(mapf(ms, func(m Measurement) float64 { return m.Spread }))
 				for _, w := range med.Workers {
 					if row.Unit == "MB/s" {
@@ -231,7 +236,7 @@ func WriteTable(w io.Writer, r *Results, rows []Row) error {
 			parts = append(parts, fmt.Sprintf("%s %.0f MiB peak RSS, %.2f core-ms/MB overall", names[i], float64(peak)/(1<<20), perMB))
 		}
 		fmt.Fprintf(w, "processes matching %q: %s\n", r.CPUMatch, strings.Join(parts, "; "))
-		fmt.Fprintf(w, "cpu X: core-ms per MB moved by the processes matching %q while X ran\n", r.CPUMatch)
+		fmt.Fprintf(w, "cpu X: core-ms per MB moved (ops/s rows: per operation) by the processes matching %q while X ran\n", r.CPUMatch)
 	}
 	fmt.Fprintln(w, "spread: slowest/fastest worker rate (1.00 = perfectly fair)")
 	return nil

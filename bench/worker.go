@@ -105,7 +105,7 @@ func prepare(t *task) (runFunc, func(), error) {
 	switch t.Kind {
 	case WSeqWrite, WRandWrite, WSharedWrite, WSeqRead, WReRead, WRandRead, WStrided, WMixed, WFairRead:
 		return prepareData(t)
-	case WMdCreate, WMdCreateShared, WMdStat, WMdStatShared, WMdRead, WMdReadShared,
+	case WMdCreate, WMdCreateShared, WMdStat, WMdStatShared, WMdStatCold, WMdStatCold + "-shared", WMdRead, WMdReadShared,
 		WMdRemove, WMdRemoveShared, WMdMkdir, WMdMkdirShared, WMdRmdir, WMdRmdirShared:
 		return prepareMeta(t)
 	case WUntar:
@@ -239,7 +239,7 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 			}
 			return unix.Close(fd)
 		}
-	case WMdStat, WMdStatShared:
+	case WMdStat, WMdStatShared, WMdStatCold, WMdStatCold + "-shared":
 		op = func(name string) error { return unix.Lstat(name, &st) }
 	case WMdRead, WMdReadShared:
 		op = func(name string) error {

@@ -186,6 +186,9 @@ func plan(cfg *Config) []step {
 			}
 		}
 	}
+	if want(GroupWalk) && cfg.WalkFiles > 0 {
+		steps = append(steps, walkSteps(cfg)...)
+	}
 	if want(GroupTree) {
 		tdir := func(target string) string { return filepath.Join(benchDir(target), "tree") }
 		steps = append(steps,
@@ -242,13 +245,13 @@ func metaSteps(cfg *Config, procs int, shared bool) []step {
 		}
 		return nil
 	}})
-	for _, w := range []string{WMdCreate, WMdStat, WMdRead, WMdRemove, WMdMkdir, WMdRmdir} {
+	for _, w := range []string{WMdCreate, WMdStat, WMdStatCold, WMdRead, WMdRemove, WMdMkdir, WMdRmdir} {
 		kind := w + suffix
 		prefix := "f"
 		if w == WMdMkdir || w == WMdRmdir {
 			prefix = "d"
 		}
-		steps = append(steps, step{workload: kind, group: GroupMeta, procs: procs, files: cfg.Files, shared: shared,
+		steps = append(steps, step{workload: kind, group: GroupMeta, procs: procs, files: cfg.Files, shared: shared, cold: w == WMdStatCold,
 			tasks: func(target string) []task {
 				ts := make([]task, procs)
 				for i := range ts {
@@ -266,5 +269,5 @@ func metaSteps(cfg *Config, procs int, shared bool) []step {
 // isDataWorkload reports whether w moves file data (reported in MB/s;
 // the others in operations per second).
 func isDataWorkload(w string) bool {
-	return !strings.HasPrefix(w, "md-") && w != WWalk && w != WTreeRemove && w != WUntar
+	return !strings.HasPrefix(w, "md-") && w != WWalk && w != WTreeRemove && w != WUntar && w != WWalkLarge
 }

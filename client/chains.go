@@ -13,6 +13,7 @@ import (
 
 	"github.com/weft-fs/weft/internal/fserr"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -36,6 +37,7 @@ type chainTable struct {
 
 	connsMu sync.Mutex
 	conns   map[string]*grpc.ClientConn
+	wires   map[string]*wire.Client // lean data path, by wire address (wire.go)
 
 	outMu   sync.Mutex
 	outages map[uint64]*outage // chains failing now
@@ -166,6 +168,7 @@ func (t *chainTable) close() {
 		cc.Close()
 		delete(t.conns, addr)
 	}
+	t.closeWiresLocked()
 }
 
 // dataError keeps the errnos a data server may mean for the application

@@ -16,11 +16,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -45,8 +44,13 @@ const (
 
 // Config configures a Client.
 type Config struct {
-	// MetaAddr is the meta service address (host:port).
+	// MetaAddr is the meta service address (host:port), or several
+	// separated by commas.
 	MetaAddr string
+	// MetaAddrs are more meta server addresses (several meta servers over
+	// one etcd). The client fails over between all of them and the ones
+	// the meta service lists in its session answers (see metaconn.go).
+	MetaAddrs []string
 	// MountPoint is reported in the session (where the file system is
 	// mounted, or a description of the user of the library).
 	MountPoint string
@@ -79,6 +83,9 @@ type Config struct {
 	// per-chunk pieces in parallel. Default DefaultReadAheadBytes (8 MiB);
 	// negative turns read-ahead off.
 	ReadAheadBytes int64
+	// OnInvalidate, if set, subscribes the client to the meta service's
+	// callbacks (see WatchCallbacks) and receives them.
+	OnInvalidate func(*weftv1.Invalidation)
 }
 
 // Client is a connection to one weft cluster: a session with the meta
@@ -87,7 +94,7 @@ type Config struct {
 type Client struct {
 	cfg  Config
 	log  *slog.Logger
-	conn *grpc.ClientConn
+	conn *metaConn
 	meta weftv1.MetaClient
 
 	sessionMu sync.Mutex
@@ -105,6 +112,8 @@ type Client struct {
 
 	groups groupCache
 
+	cb callbackState // callbacks from the meta service (callbacks.go)
+
 	bg        context.Context // background sends and session renewal
 	cancelBg  context.CancelFunc
 	wg        sync.WaitGroup
@@ -116,7 +125,8 @@ type Client struct {
 // at a third of its lease) and fetches the chain table.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	rpc.TuneGC(200)
-	if cfg.MetaAddr == "" {
+	addrs := append(strings.Split(cfg.MetaAddr, ","), cfg.MetaAddrs...)
+	if cfg.MetaAddr == "" && len(cfg.MetaAddrs) == 0 {
 		return nil, errors.New("client: no meta service address given")
 	}
 	if cfg.Logger == nil {
@@ -141,31 +151,33 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	default:
 		return nil, fmt.Errorf("client: on-unavailable %q: want %q or %q", cfg.OnUnavailable, OnUnavailableWait, OnUnavailableFail)
 	}
-	conn, err := rpc.Dial(cfg.MetaAddr)
+	conn, err := newMetaConn(addrs, cfg.UnavailableTimeout, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
+	cfg.MetaAddr = strings.Join(conn.addresses(), ",")
 	c := &Client{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		conn:   conn,
-		meta:   weftv1.NewMetaClient(metaConn{cc: conn, wait: cfg.UnavailableTimeout}),
+		meta:   weftv1.NewMetaClient(conn),
 		inodes: make(map[uint64]*inode),
 		groups: groupCache{entries: make(map[uint32]groupEntry)},
 	}
 	c.chains.init(c)
 	if err := c.openSession(ctx); err != nil {
-		conn.Close()
+		conn.close()
 		return nil, err
 	}
 	if err := c.chains.refresh(ctx); err != nil {
 		c.closeSession(ctx)
-		conn.Close()
+		conn.close()
 		return nil, err
 	}
 	c.bg, c.cancelBg = context.WithCancel(context.Background())
 	c.wg.Add(1)
 	go c.renewLoop()
+	c.WatchCallbacks(cfg.OnInvalidate)
 	return c, nil
 }
 
@@ -174,6 +186,10 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 // wait while the meta service is unreachable, up to the context's deadline
 // or, without one, Config.UnavailableTimeout.
 func (c *Client) Meta() weftv1.MetaClient { return c.meta }
+
+// MetaAddresses lists the meta servers the client knows: those
+// configured and those the meta service listed.
+func (c *Client) MetaAddresses() []string { return c.conn.addresses() }
 
 // Session returns the id of the client's current session.
 func (c *Client) Session() string {
@@ -199,6 +215,7 @@ func (c *Client) openSession(ctx context.Context) error {
 	}
 	c.sessionMu.Lock()
 	c.session, c.lease = resp.Session, lease
+	c.conn.learn(resp.MetaAddresses)
 	c.sessionMu.Unlock()
 	return nil
 }
@@ -219,8 +236,9 @@ func (c *Client) renewLoop() {
 		case <-time.After(every):
 		}
 		ctx, cancel := context.WithTimeout(c.bg, every)
-		_, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess})
+		resp, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess})
 		cancel()
+		c.conn.learn(resp.GetMetaAddresses())
 		if err == nil || c.bg.Err() != nil {
 			continue
 		}
@@ -254,7 +272,7 @@ func (c *Client) Close() error {
 		c.wg.Wait()
 		err = errors.Join(err, c.closeSession(ctx))
 		c.chains.close()
-		err = errors.Join(err, c.conn.Close())
+		err = errors.Join(err, c.conn.close())
 		c.closeErr = err
 	})
 	return c.closeErr
@@ -280,7 +298,8 @@ func (c *Client) FlushAll(ctx context.Context) error {
 
 // Caller builds the identity of a calling process for the meta service's
 // permission checks: uid and gid as given, supplementary groups read from
-// /proc/<pid>/status (cached briefly per pid).
+// /proc/<pid>/status (cached briefly per pid), and the client's session
+// (which the meta service registers locks and callbacks against).
 func (c *Client) Caller(uid, gid, pid uint32) *weftv1.Caller {
-	return &weftv1.Caller{Uid: uid, Gid: gid, Pid: pid, Groups: c.groups.get(pid)}
+	return &weftv1.Caller{Uid: uid, Gid: gid, Pid: pid, Groups: c.groups.get(pid), Session: c.Session()}
 }

@@ -15,6 +15,7 @@ func (c *Client) overlay(attr *weftv1.Attr, gen uint64, fresh bool) *weftv1.Attr
 	if attr == nil {
 		return nil
 	}
+	c.seen(attr.Ino)
 	in := c.lookupInode(attr.Ino)
 	if in == nil {
 		return attr
@@ -44,6 +45,7 @@ func (c *Client) attrGen(ino uint64) uint64 {
 
 // Lookup finds name in directory parent.
 func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Lookup(ctx, &weftv1.LookupRequest{Caller: caller, Parent: parent, Name: name})
 	if err != nil {
 		return nil, err
@@ -55,7 +57,8 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 // client's buffered writes applied.
 func (c *Client) GetAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) {
 	gen := c.attrGen(ino)
-	resp, err := c.meta.GetAttr(ctx, &weftv1.GetAttrRequest{Ino: ino})
+	c.countMeta()
+	resp, err := c.meta.GetAttr(c.withSession(ctx), &weftv1.GetAttrRequest{Ino: ino})
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +93,7 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 			return nil, err
 		}
 	}
+	c.countMeta()
 	resp, err := c.meta.SetAttr(ctx, req)
 	if err != nil {
 		return nil, err
@@ -103,6 +107,7 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 // Mknod creates a special file (FIFO, socket, device) or an empty regular
 // file; mode carries the file type bits.
 func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode, rdev uint32) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
 		Caller: caller, Parent: parent, Name: name, Mode: mode, Rdev: rdev, Exclusive: true,
 	})
@@ -114,6 +119,7 @@ func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Mkdir creates directory name in parent.
 func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode uint32) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Mkdir(ctx, &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode})
 	if err != nil {
 		return nil, err
@@ -123,12 +129,14 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Unlink removes the non-directory name from parent.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	c.countMeta()
 	_, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	return err
 }
 
 // Rmdir removes the empty directory name from parent.
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	c.countMeta()
 	_, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	return err
 }
@@ -137,6 +145,7 @@ func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 // RenameFlags bits (RENAME_NOREPLACE, RENAME_EXCHANGE).
 func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent uint64, oldName string,
 	newParent uint64, newName string, flags uint32) error {
+	c.countMeta()
 	_, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
 		Caller: caller, OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags,
 	})
@@ -145,6 +154,7 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 
 // Link makes newParent/newName another name of inode ino.
 func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})
 	if err != nil {
 		return nil, err
@@ -154,6 +164,7 @@ func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent
 
 // Symlink creates symbolic link name in parent pointing to target.
 func (c *Client) Symlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name, target string) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Symlink(ctx, &weftv1.SymlinkRequest{Caller: caller, Parent: parent, Name: name, Target: target})
 	if err != nil {
 		return nil, err
@@ -163,6 +174,7 @@ func (c *Client) Symlink(ctx context.Context, caller *weftv1.Caller, parent uint
 
 // Readlink returns a symbolic link's target.
 func (c *Client) Readlink(ctx context.Context, ino uint64) (string, error) {
+	c.countMeta()
 	resp, err := c.meta.Readlink(ctx, &weftv1.ReadlinkRequest{Ino: ino})
 	if err != nil {
 		return "", err
@@ -172,6 +184,7 @@ func (c *Client) Readlink(ctx context.Context, ino uint64) (string, error) {
 
 // OpenDir checks that caller may open directory ino with flags.
 func (c *Client) OpenDir(ctx context.Context, caller *weftv1.Caller, ino uint64, flags uint32) (*weftv1.Attr, error) {
+	c.countMeta()
 	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags})
 	if err != nil {
 		return nil, err
@@ -183,7 +196,8 @@ func (c *Client) OpenDir(ctx context.Context, caller *weftv1.Caller, ino uint64,
 // startAfter (without "." and ".."), and whether more follow. With plus,
 // entries carry their attributes.
 func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64, startAfter string, plus bool) ([]*weftv1.DirEntry, bool, error) {
-	resp, err := c.meta.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: caller, Ino: ino, StartAfter: startAfter, Plus: plus})
+	c.countMeta()
+	resp, err := c.meta.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: caller, Ino: ino, StartAfter: startAfter, Plus: plus, Limit: readDirPage})
 	if err != nil {
 		return nil, false, err
 	}
@@ -193,19 +207,26 @@ func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64,
 	return resp.Entries, resp.More, nil
 }
 
+// readDirPage is how many entries one ReadDir RPC asks for: large pages
+// make listing (and, with attributes, walking) a big directory a few RPCs.
+const readDirPage = 4096
+
 // Access checks access(2) mask bits for caller on inode ino.
 func (c *Client) Access(ctx context.Context, caller *weftv1.Caller, ino uint64, mask uint32) error {
+	c.countMeta()
 	_, err := c.meta.Access(ctx, &weftv1.AccessRequest{Caller: caller, Ino: ino, Mask: mask})
 	return err
 }
 
 // StatFS returns the file system's capacity and file count.
 func (c *Client) StatFS(ctx context.Context) (*weftv1.StatFSResponse, error) {
+	c.countMeta()
 	return c.meta.StatFS(ctx, &weftv1.StatFSRequest{})
 }
 
 // GetXattr returns the value of extended attribute name of inode ino.
 func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) ([]byte, error) {
+	c.countMeta()
 	resp, err := c.meta.GetXattr(ctx, &weftv1.GetXattrRequest{Caller: caller, Ino: ino, Name: name})
 	if err != nil {
 		return nil, err
@@ -216,12 +237,14 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 // SetXattr sets extended attribute name of inode ino; flags are
 // XattrFlags bits (XATTR_CREATE, XATTR_REPLACE).
 func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
+	c.countMeta()
 	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
 	return err
 }
 
 // ListXattr returns the names of inode ino's extended attributes.
 func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint64) ([]string, error) {
+	c.countMeta()
 	resp, err := c.meta.ListXattr(ctx, &weftv1.ListXattrRequest{Caller: caller, Ino: ino})
 	if err != nil {
 		return nil, err
@@ -231,6 +254,7 @@ func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint6
 
 // RemoveXattr removes extended attribute name of inode ino.
 func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
+	c.countMeta()
 	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
 	return err
 }

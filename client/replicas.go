@@ -184,8 +184,11 @@ func (t *chainTable) pickReader(ch *weftv1.Chain, tried map[string]bool) *weftv1
 // failed does it wait (stalled) and start again on a refreshed table; EIO
 // reaches the caller only when every serving replica answered EIO.
 func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, p []byte) error {
-	return c.readChunkTo(ctx, ino, l, idx, off, len(p), func(data []byte) {
-		n := copy(p, data)
+	return c.readChunkTo(ctx, ino, l, idx, off, len(p), p, func(data []byte) {
+		n := len(data)
+		if n == 0 || &data[0] != &p[0] { // not received in place
+			n = copy(p, data)
+		}
 		clear(p[n:])
 	})
 }
@@ -194,7 +197,7 @@ func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, id
 // received buffer itself when the server sent all n (no copy).
 func (c *Client) fetchChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int) ([]byte, error) {
 	var out []byte
-	err := c.readChunkTo(ctx, ino, l, idx, off, n, func(data []byte) {
+	err := c.readChunkTo(ctx, ino, l, idx, off, n, nil, func(data []byte) {
 		if len(data) == n {
 			out = data
 			return
@@ -207,9 +210,9 @@ func (c *Client) fetchChunk(ctx context.Context, ino uint64, l *weftv1.Layout, i
 
 // readChunkTo reads n bytes of chunk idx at offset off and hands what the
 // server sent (perhaps shorter: the rest reads as zeros) to sink, which
-// may keep it.
+// may keep it. With dst (n bytes) the data may be received into dst.
 func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int,
-	sink func([]byte)) error {
+	dst []byte, sink func([]byte)) error {
 	chain := chainFor(l, idx)
 	what := fmt.Sprintf("read chunk %d of file %d", idx, ino)
 	backoff := firstBackoff
@@ -242,15 +245,15 @@ func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, 
 		st := c.chains.stat(addr)
 		st.outstanding.Add(1)
 		start := time.Now()
-		err = c.attempt(ctx, chain, ch.Version, addr, func(ctx context.Context, dc weftv1.DataClient) error {
-			resp, err := dc.ReadChunk(ctx, &weftv1.ReadChunkRequest{
+		err = c.attempt(ctx, chain, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {
+			data, err := readChunkData(ctx, dc, &weftv1.ReadChunkRequest{
 				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: ch.Version,
 				Offset: off, Length: uint32(n),
-			})
+			}, dst)
 			if err != nil {
 				return err
 			}
-			sink(resp.Data)
+			sink(data)
 			return nil
 		})
 		st.outstanding.Add(-1)

@@ -82,16 +82,17 @@ func isCode(err error, code codes.Code) bool {
 	return ok && st.Code() == code
 }
 
-// attempt runs one request against the member of chain id at addr, sent
+// attempt runs one request against member m of chain id, sent
 // with the chain at version. While it waits it re-reads the chain table
 // every watchInterval and gives up on a member that is no longer serving
 // in a newer version of the chain (a server cut off by the network never
 // answers; the manager takes it out after its failure timeout): the
 // request then fails with Unavailable and is retried on the new members.
 // Resending is safe: a write carries the same bytes for the same offset.
-func (c *Client) attempt(ctx context.Context, id, version uint64, addr string,
+func (c *Client) attempt(ctx context.Context, id, version uint64, m *weftv1.ChainMember,
 	fn func(ctx context.Context, dc weftv1.DataClient) error) error {
-	dc, err := c.chains.conn(addr)
+	addr := m.Address
+	dc, err := c.chains.memberClient(m)
 	if err != nil {
 		return fmt.Errorf("chain %d: %v: %w", id, err, syscall.EIO)
 	}
@@ -150,7 +151,7 @@ func (c *Client) onChain(ctx context.Context, id uint64, what string,
 			err = errChainNotServing
 		} else {
 			addr = m.Address
-			err = c.attempt(ctx, id, ch.Version, addr, func(ctx context.Context, dc weftv1.DataClient) error {
+			err = c.attempt(ctx, id, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {
 				return fn(ctx, dc, ch.Version)
 			})
 			if err == nil {

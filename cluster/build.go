@@ -38,6 +38,9 @@ func (m *Manager) EnsureChains(ctx context.Context, replicas uint32) error {
 // use, in one transaction; it returns how many chains it made, rebuilt or
 // dropped. Called with m.mu held.
 func (m *Manager) ensureChains(ctx context.Context, widths []uint32) (int, error) {
+	if !m.leading.Load() {
+		return 0, m.ensureWidthsFollowing(ctx, widths)
+	}
 	st := m.newStage()
 	all := slices.Clone(m.widths)
 	for _, r := range widths {

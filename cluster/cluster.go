@@ -24,6 +24,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -54,6 +55,9 @@ type Config struct {
 	// Logger receives state changes (registrations, servers going offline
 	// and coming back). Default slog.Default().
 	Logger *slog.Logger
+	// Follower makes the Manager start as a follower of another meta
+	// server elected cluster manager (see Lead and Follow).
+	Follower bool
 }
 
 // Manager is the cluster manager. All methods are safe for concurrent use.
@@ -82,10 +86,15 @@ type Manager struct {
 	sync         syncStats          // progress of syncing members
 	rrNext       uint64             // rotating start of round-robin placement
 	rng          *rand.Rand         // weighted placement
+	// remoteCapacity: in a follower, the capacity the manager last
+	// reported (total, free, used); nil until then.
+	remoteCapacity *[3]uint64
 
 	connMu sync.Mutex
 	conns  map[uint64]*dataConn // by server id
 	closed bool
+
+	leading atomic.Bool // does the manager's duties (role.go)
 }
 
 // serverState is a registered server: its persisted record and its
@@ -147,9 +156,13 @@ func NewManager(ctx context.Context, eng kv.Engine, cfg Config) (*Manager, error
 	if err := m.load(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.Follower {
+		return m, nil
+	}
 	if err := m.markLegacyChains(ctx); err != nil {
 		return nil, err
 	}
+	m.leading.Store(true)
 	return m, nil
 }
 
@@ -315,20 +328,8 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 				return err
 			}
 		}
-		for _, r := range slices.Concat(s.chains, s.used) {
-			if err := putJSON(t, idKey(prefixChain, r.ID), r); err != nil {
-				return err
-			}
-		}
-		for _, id := range s.drop {
-			if err := t.Delete(idKey(prefixChain, id)); err != nil {
-				return err
-			}
-		}
-		if s.widths != nil {
-			if err := putJSON(t, []byte(keyWidths), s.widths); err != nil {
-				return err
-			}
+		if err := m.putChains(t, s); err != nil {
+			return err
 		}
 		for _, c := range []struct {
 			key      string
@@ -348,6 +349,7 @@ func (m *Manager) commit(ctx context.Context, s *stage) error {
 		return nil
 	})
 	if err != nil {
+		m.failedCommit(ctx, err)
 		return fmt.Errorf("save cluster state: %w", err)
 	}
 	for _, r := range s.servers {
@@ -400,6 +402,7 @@ func (m *Manager) chainTable() *weftv1.ChainTable {
 				pm.ServerId = tg.rec.ServerID
 				if s := m.servers[tg.rec.ServerID]; s != nil {
 					pm.Address = s.rec.Address
+					pm.WireAddress = s.rec.WireAddress
 				}
 			}
 			pc.Members = append(pc.Members, pm)

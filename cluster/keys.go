@@ -53,6 +53,9 @@ type serverRecord struct {
 	Hostname string `json:"hostname,omitempty"`
 	Site     string `json:"site,omitempty"`
 	Rack     string `json:"rack,omitempty"`
+
+	// WireAddress is the server's lean data path address ("" if none).
+	WireAddress string `json:"wire_address,omitempty"`
 }
 
 // targetRecord is the persisted identity of a target (a disk directory).

@@ -22,6 +22,9 @@ import (
 // buildChains). The response carries the ids, the heartbeat interval, the
 // failure timeout and the chain table.
 func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServerRequest) (*weftv1.RegisterServerResponse, error) {
+	if !m.leading.Load() {
+		return nil, ErrNotLeader
+	}
 	if err := validateRegister(req); err != nil {
 		return nil, err
 	}
@@ -40,9 +43,10 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	}
 	rec := old
 	rec.Address, rec.Hostname, rec.Site, rec.Rack = req.Address, req.Hostname, req.Site, req.Rack
+	rec.WireAddress = req.WireAddress
 	if !known || rec != old {
 		st.servers = append(st.servers, rec)
-		st.tableChanged = !known || rec.Address != old.Address
+		st.tableChanged = !known || rec.Address != old.Address || rec.WireAddress != old.WireAddress
 	}
 
 	ids := make([]uint64, len(req.Targets))
@@ -147,6 +151,9 @@ func (m *Manager) placeNewTarget(st *stage, t targetRecord) {
 // target it does not know on that server, gets unknown_server so that the
 // server registers (again).
 func (m *Manager) Heartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (*weftv1.HeartbeatResponse, error) {
+	if !m.leading.Load() {
+		return nil, ErrNotLeader
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.servers[req.ServerId]
@@ -162,11 +169,12 @@ func (m *Manager) Heartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (
 			return &weftv1.HeartbeatResponse{UnknownServer: true}, nil
 		}
 	}
-	if req.Address != "" && req.Address != s.rec.Address {
-		m.log.Info(fmt.Sprintf("data server %d moved from %s to %s", s.rec.ID, s.rec.Address, req.Address), "server", s.rec.ID)
+	if req.Address != "" && (req.Address != s.rec.Address || req.WireAddress != s.rec.WireAddress) {
+		m.log.Info(fmt.Sprintf("data server %d moved from %s to %s", s.rec.ID, s.rec.Address, req.Address), "server", s.rec.ID,
+			"wire_address", req.WireAddress)
 		st := m.newStage()
 		rec := s.rec
-		rec.Address = req.Address
+		rec.Address, rec.WireAddress = req.Address, req.WireAddress
 		st.servers = append(st.servers, rec)
 		st.tableChanged = true
 		if err := m.commit(ctx, st); err != nil {
@@ -221,6 +229,12 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			if !m.leading.Load() {
+				if err := m.Refresh(ctx, false); err != nil && ctx.Err() == nil {
+					m.log.Warn("follower: reload the chain table (retrying at the next check): " + err.Error())
+				}
+				continue
+			}
 			m.checkLiveness(ctx)
 		}
 	}
@@ -245,6 +259,9 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	}
 	if err := m.reconcile(ctx, m.chainIDs); err != nil && ctx.Err() == nil {
 		m.log.Error("update chain states after liveness check (retrying at the next check): " + err.Error())
+	}
+	if err := m.adoptWidths(ctx); err != nil && ctx.Err() == nil {
+		m.log.Error("build the chains of widths other meta servers asked for (retrying at the next check): " + err.Error())
 	}
 	if len(m.widths) > 0 {
 		if _, err := m.ensureChains(ctx, nil); err != nil && ctx.Err() == nil {

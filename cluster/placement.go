@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -50,7 +51,14 @@ func (m *Manager) PickChains(ctx context.Context, n int, replicas uint32) ([]uin
 	}
 	n = max(n, 1)
 	if replicas > 1 {
-		return m.pickReplicated(ctx, n, replicas)
+		ids, err := m.pickReplicated(ctx, n, replicas)
+		// A follower's view of the chains was stale: reload and pick again.
+		for attempt := 0; errors.Is(err, errStaleChain) && attempt < 3; attempt++ {
+			if err = m.Refresh(ctx, true); err == nil {
+				ids, err = m.pickReplicated(ctx, n, replicas)
+			}
+		}
+		return ids, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -145,6 +153,9 @@ func (m *Manager) pickReplicated(ctx context.Context, n int, replicas uint32) ([
 // (one write per chain, once): from now on they may hold data and are
 // never rebuilt. Called with m.mu held.
 func (m *Manager) markUsed(ctx context.Context, ids []uint64) error {
+	if !m.leading.Load() {
+		return m.markUsedFollowing(ctx, ids)
+	}
 	st := m.newStage()
 	for _, id := range ids {
 		if c := m.chains[id]; !c.Used {

@@ -19,6 +19,9 @@ import (
 // until another member has synced. An unknown id is an error wrapping
 // syscall.ENOENT.
 func (m *Manager) RemoveTarget(ctx context.Context, id uint64) (uint32, error) {
+	if !m.leading.Load() {
+		return 0, ErrNotLeader
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.targets[id]

@@ -101,6 +101,9 @@ func (m *Manager) lastToLeaveOnline(c *chainRecord) int {
 // (the data server syncs again against the current chain); a report for a
 // member already serving succeeds. The response carries the chain table.
 func (m *Manager) ReportSynced(ctx context.Context, req *weftv1.ReportSyncedRequest) (*weftv1.ReportSyncedResponse, error) {
+	if !m.leading.Load() {
+		return nil, ErrNotLeader
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.chains[req.ChainId]

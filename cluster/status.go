@@ -43,6 +43,9 @@ func (m *Manager) Servers() []*weftv1.ServerStatus {
 func (m *Manager) Capacity() (total, free, used uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if c := m.remoteCapacity; c != nil && !m.leading.Load() {
+		return c[0], c[1], c[2]
+	}
 	seen := make(map[string]bool)
 	for id, t := range m.targets {
 		if t.report == nil || !m.targetOnline(id) {

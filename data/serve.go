@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -33,6 +34,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	gs := rpc.NewServer()
 	weftv1.RegisterDataServer(gs, dataService{s})
 	addr := s.advertiseAddr(lis)
+	wl, wireAddr, err := s.listenWire(lis)
+	if err != nil {
+		s.Close()
+		return err
+	}
+	s.mu.Lock()
+	s.wireAddr = wireAddr
+	s.mu.Unlock()
+	ws := wire.NewServer(s, s.log)
 
 	loopCtx, stopLoop := context.WithCancel(ctx)
 	s.bgMu.Lock()
@@ -42,12 +52,20 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	loop.Go(func() { s.metaLoop(loopCtx, addr) })
 	loop.Go(func() { s.syncLoop(loopCtx) })
 	loop.Go(func() { s.scrubLoop(loopCtx) })
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- gs.Serve(lis) }()
+	wireListen := ""
+	if wl != nil {
+		wireListen = wl.Addr().String()
+		go func() {
+			if err := ws.Serve(wl); err != nil {
+				served <- err
+			}
+		}()
+	}
 	s.log.Info("data server started", "listen", lis.Addr().String(), "advertise", addr,
-		"targets", s.cfg.Targets, "meta", s.cfg.MetaAddr)
+		"wire_listen", wireListen, "wire_advertise", wireAddr, "targets", s.cfg.Targets, "meta", s.cfg.MetaAddr)
 
-	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-served:
@@ -56,6 +74,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	stopLoop()
 	loop.Wait()
 	stopGracefully(gs, gracefulStopTimeout)
+	ws.Close(gracefulStopTimeout)
 	if cerr := s.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close data server: %w", cerr)
 	}
@@ -192,12 +211,13 @@ func (s *Server) register(ctx context.Context, meta weftv1.MetaClient, addr stri
 	ctx, cancel := context.WithTimeout(ctx, metaCallTimeout)
 	defer cancel()
 	resp, err := meta.RegisterServer(ctx, &weftv1.RegisterServerRequest{
-		Uuid:     s.serverUUID,
-		Address:  addr,
-		Hostname: host,
-		Targets:  s.targetReports(),
-		Site:     s.cfg.Site,
-		Rack:     s.cfg.Rack,
+		Uuid:        s.serverUUID,
+		Address:     addr,
+		WireAddress: s.WireAddr(),
+		Hostname:    host,
+		Targets:     s.targetReports(),
+		Site:        s.cfg.Site,
+		Rack:        s.cfg.Rack,
 	})
 	if err != nil {
 		return 0, err
@@ -238,7 +258,7 @@ func (s *Server) heartbeat(ctx context.Context, meta weftv1.MetaClient, addr str
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, metaCallTimeout)
 	defer cancel()
-	resp, err := meta.Heartbeat(ctx, &weftv1.HeartbeatRequest{ServerId: id, Address: addr, Targets: s.targetReports()})
+	resp, err := meta.Heartbeat(ctx, &weftv1.HeartbeatRequest{ServerId: id, Address: addr, WireAddress: s.WireAddr(), Targets: s.targetReports()})
 	if err != nil {
 		return false, err
 	}

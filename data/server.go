@@ -47,7 +47,17 @@ type Config struct {
 	// verifies; 0 means DefaultScrubRate, a negative value turns the
 	// background scrub off (Server.Scrub still runs a pass on demand).
 	ScrubRate int64
-	Logger    *slog.Logger
+	// WireListen is where the lean data path (package internal/wire:
+	// chunk reads, writes and syncs without gRPC) listens: "" means the
+	// gRPC listener's host on any free port, "off" turns it off (clients
+	// and peers then use gRPC).
+	WireListen string
+	// WireAdvertise is the lean data path address reported to the meta
+	// service; default: the wire listener's address. When Advertise is
+	// set (a proxy or NAT in front of the server) and WireAdvertise is
+	// not, the lean data path is off: its port mapping is unknown.
+	WireAdvertise string
+	Logger        *slog.Logger
 }
 
 // Server is a data server. Its RPC handlers may be called concurrently.
@@ -61,6 +71,8 @@ type Server struct {
 	targetUUIDs []string
 	metaConn    *grpc.ClientConn
 	peers       peerPool
+	wirePeers   wirePool      // lean data path clients of peers, by wire address
+	wireAddr    string        // advertised lean data path address; "" if off
 	stats       []targetStats // by position in store.Targets()
 
 	mu         sync.RWMutex
@@ -172,7 +184,7 @@ func Open(cfg Config) (*Server, error) {
 		s.targetUUIDs = append(s.targetUUIDs, id)
 	}
 	s.stats = make([]targetStats, len(s.store.Targets()))
-	if s.metaConn, err = rpc.Dial(cfg.MetaAddr); err != nil {
+	if s.metaConn, err = rpc.Dial(MetaTarget(cfg.MetaAddr)); err != nil {
 		s.store.Close()
 		return nil, fmt.Errorf("open data server: meta service address %q: %w", cfg.MetaAddr, err)
 	}
@@ -185,6 +197,7 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.bg.Wait()
 		s.peers.close()
+		s.wirePeers.close()
 		s.closeErr = errors.Join(s.store.Close(), s.metaConn.Close())
 	})
 	return s.closeErr

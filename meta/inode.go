@@ -87,21 +87,6 @@ func (x *tx) dirEmpty(ino uint64) (bool, error) {
 	return !found, err
 }
 
-// allocIno takes the next inode number from the persisted counter.
-func (x *tx) allocIno() (uint64, error) {
-	next, err := getUint64(x.t, keyNextIno)
-	if err != nil {
-		return 0, fmt.Errorf("read inode counter: %w", err)
-	}
-	if next <= rootIno {
-		return 0, fmt.Errorf("inode counter is %d: metadata not initialized: %w", next, syscall.EIO)
-	}
-	if err := x.t.Set(keyNextIno, be64(next+1)); err != nil {
-		return 0, err
-	}
-	return next, nil
-}
-
 // parentOf returns the parent directory of directory ino (root: itself).
 func (x *tx) parentOf(ino uint64) (uint64, error) {
 	if ino == rootIno {
@@ -213,7 +198,7 @@ func (x *tx) removeInode(a *weftv1.Attr) error {
 		return err
 	}
 	if isDir(a.Mode) {
-		return addUint64(x.t, keyCountDirs, -1)
+		return x.countInode(true, ino, -1)
 	}
 	if isReg(a.Mode) && a.Layout != nil && len(a.Layout.Chains) > 0 {
 		v, err := proto.Marshal(a.Layout)
@@ -224,18 +209,14 @@ func (x *tx) removeInode(a *weftv1.Attr) error {
 			return err
 		}
 	}
-	return addUint64(x.t, keyCountFiles, -1)
+	return x.countInode(false, ino, -1)
 }
 
-// newInode allocates an inode owned by the caller in directory parent,
-// applying Linux's setgid-directory rules: entries inherit the directory's
+// newInode makes inode ino (from Service.takeIno) owned by the
+// caller in directory parent, applying Linux's setgid-directory rules: entries inherit the directory's
 // group, subdirectories also its setgid bit, and a non-member cannot make a
 // group-executable setgid file there.
-func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32) (*weftv1.Attr, error) {
-	ino, err := x.allocIno()
-	if err != nil {
-		return nil, err
-	}
+func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32, ino uint64) (*weftv1.Attr, error) {
 	a := &weftv1.Attr{
 		Ino: ino, Mode: mode, Nlink: 1, Uid: c.uid, Gid: c.gid,
 		AtimeNs: x.now, MtimeNs: x.now, CtimeNs: x.now, Generation: 1,

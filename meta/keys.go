@@ -14,9 +14,15 @@ import (
 //	key                                value                                     written by
 //	---------------------------------  ----------------------------------------  ------------------------------
 //	n/cid                              cluster id (text)                         first start
-//	n/next                             next inode number (be64), never reused    every create
-//	n/cnt/files                        number of non-directory inodes (be64)     create, link-count drop to 0
-//	n/cnt/dirs                         number of directories incl. root (be64)   mkdir, rmdir, rename over dir
+//	n/next                             next inode number (be64), never reused:   reserving a range of 1024
+//	                                   above every number handed out             numbers (counters.go)
+//	n/cnt/files                        base of the non-directory count (be64,    first start, fsck repair
+//	                                   two's complement)
+//	n/cnt/dirs                         base of the directory count (incl. root)  first start, fsck repair
+//	n/cnt/s/<kind><shard be16>         counter shard, kind 'f' files or 'd'      create/mkdir/symlink, removal
+//	                                   dirs, shard = ino % 64: made be64 +       of the inode
+//	                                   removed be64 (both only grow); count =
+//	                                   base + made - removed over all shards
 //	n/i/<ino>                          inode: weftv1.Attr (protobuf), with the   every change of the inode
 //	                                   layout of a regular file
 //	n/l/<ino>                          symlink target (raw bytes)                symlink
@@ -31,6 +37,11 @@ import (
 //	n/or/<ino>                         empty: orphan (nlink 0, still open)       unlink/rename of an open file
 //	n/gc/<ino>                         layout (weftv1.Layout) of a deleted file  last unlink or last release
 //	                                   whose chunks the GC loop must delete
+//	n/lk/<ino>/<kind>/<session>/       lock record: end be64, type byte (0 read,  setlock, session end
+//	  <owner be64><start be64>         1 write), pid be32; kind 'p' POSIX
+//	                                   (fcntl) or 'f' flock (see locks_store.go)
+//	n/lks/<session id>/<ino>           number of the session's lock records on   setlock, session end
+//	                                   ino (be64): index of a session's locks
 //
 // An inode record exists exactly as long as the inode is reachable from a
 // dentry or is an orphan; a regular file's record is removed in the

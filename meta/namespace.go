@@ -142,12 +142,18 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 			return nil, err
 		}
 		var layout *weftv1.Layout
+		var ino uint64 // 0 while the name exists: none is needed
+		if !exists {
+			if ino, err = s.takeIno(ctx); err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+		}
 		if template != nil {
 			if layout, err = s.placeLayout(ctx, template); err != nil {
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}
 		}
-		resp, err := s.create(ctx, c, req, typ, layout, op)
+		resp, err := s.create(ctx, c, req, typ, layout, ino, op)
 		if err == errNeedLayout && attempt < 3 {
 			continue
 		}
@@ -156,10 +162,11 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 }
 
 // errNeedLayout says that a name became free between Create's look and
-// its transaction, so a layout must be placed first.
+// its transaction, so a layout must be placed (and an inode number taken)
+// first.
 var errNeedLayout = fmt.Errorf("create raced with an unlink: %w", kv.ErrConflict)
 
-func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateRequest, typ uint32, layout *weftv1.Layout, op string) (*weftv1.CreateResponse, error) {
+func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateRequest, typ uint32, layout *weftv1.Layout, newIno uint64, op string) (*weftv1.CreateResponse, error) {
 	resp := new(weftv1.CreateResponse)
 	err := s.update(ctx, func(x *tx) error {
 		d, err := x.dir(req.Parent, op)
@@ -198,10 +205,10 @@ func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateReques
 		if err := c.check(d, mayWrite, op); err != nil {
 			return err
 		}
-		if typ == syscall.S_IFREG && layout == nil {
+		if (typ == syscall.S_IFREG && layout == nil) || newIno == 0 {
 			return errNeedLayout
 		}
-		a, err := x.newInode(c, d, typ|req.Mode&0o7777)
+		a, err := x.newInode(c, d, typ|req.Mode&0o7777, newIno)
 		if err != nil {
 			return err
 		}
@@ -213,7 +220,7 @@ func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateReques
 		if err := x.addChild(d, req.Name, a); err != nil {
 			return err
 		}
-		if err := addUint64(x.t, keyCountFiles, 1); err != nil {
+		if err := x.countInode(false, a.Ino, 1); err != nil {
 			return err
 		}
 		if req.Session != "" {
@@ -237,13 +244,17 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 	if err := checkName("mkdir", req.Parent, req.Name); err != nil {
 		return nil, err
 	}
+	ino, err := s.takeIno(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
 	var a *weftv1.Attr
-	err := s.update(ctx, func(x *tx) error {
+	err = s.update(ctx, func(x *tx) error {
 		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
 			return err
 		}
-		if a, err = x.newInode(c, d, syscall.S_IFDIR|req.Mode&0o1777); err != nil {
+		if a, err = x.newInode(c, d, syscall.S_IFDIR|req.Mode&0o1777, ino); err != nil {
 			return err
 		}
 		a.Nlink = 2
@@ -254,7 +265,7 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 		if err := x.t.Set(parentKey(a.Ino), be64(d.Ino)); err != nil {
 			return err
 		}
-		return addUint64(x.t, keyCountDirs, 1)
+		return x.countInode(true, a.Ino, 1)
 	})
 	if err != nil {
 		return nil, err
@@ -311,13 +322,17 @@ func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*wef
 	case len(req.Target) > maxSymlinkBytes:
 		return nil, fserr.Wrap(syscall.ENAMETOOLONG, "%s: link target of %d bytes is longer than %d", op, len(req.Target), maxSymlinkBytes)
 	}
+	ino, err := s.takeIno(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
 	var a *weftv1.Attr
-	err := s.update(ctx, func(x *tx) error {
+	err = s.update(ctx, func(x *tx) error {
 		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
 			return err
 		}
-		if a, err = x.newInode(c, d, syscall.S_IFLNK|0o777); err != nil {
+		if a, err = x.newInode(c, d, syscall.S_IFLNK|0o777, ino); err != nil {
 			return err
 		}
 		a.Size = uint64(len(req.Target))
@@ -327,7 +342,7 @@ func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*wef
 		if err := x.addChild(d, req.Name, a); err != nil {
 			return err
 		}
-		return addUint64(x.t, keyCountFiles, 1)
+		return x.countInode(false, a.Ino, 1)
 	})
 	if err != nil {
 		return nil, err

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/meta/kv"
@@ -57,6 +59,10 @@ type Config struct {
 	SessionLease time.Duration
 	// Logger receives the service's log; default slog.Default().
 	Logger *slog.Logger
+	// HA, with the etcd engine, makes this one of several meta servers:
+	// the cluster manager is elected among them (see ha.go). Nil: the
+	// only meta server, always the manager.
+	HA *HAConfig
 }
 
 // clusterManager is what the namespace needs of cluster.Manager.
@@ -74,6 +80,9 @@ type clusterManager interface {
 	ReportSynced(context.Context, *weftv1.ReportSyncedRequest) (*weftv1.ReportSyncedResponse, error)
 	RemoveTarget(ctx context.Context, id uint64) (uint32, error)
 	Health() cluster.Health
+	// fsck: the chunks on the chains' serving members (cluster/fsckops.go).
+	ScanChunks(ctx context.Context, visit func(cluster.ChunkReplicas) error) error
+	ProbeChunk(ctx context.Context, chain, ino, index uint64, repair bool) (cluster.ChunkReplicas, error)
 	Run(ctx context.Context)
 	Close() error
 }
@@ -93,6 +102,11 @@ type Service struct {
 
 	gcMu      sync.Mutex
 	gcRetryAt map[uint64]gcRetry // inodes whose chunk deletion failed
+
+	inos inoRanges // inode numbers reserved for this server (counters.go)
+
+	cb *callbacks // callbacks: who caches what (callbacks*.go)
+	ha *ha        // election, registry, forwarding to the manager (ha*.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -126,12 +140,14 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
+	cfg.Cluster.Follower = cfg.HA != nil // the elected one leads (ha.go)
 	mgr, err := cluster.NewManager(ctx, eng, cfg.Cluster)
 	if err != nil {
 		eng.Close()
 		return nil, fmt.Errorf("start cluster manager: %w", err)
 	}
 	s := newService(eng, mgr, cfg)
+	s.ha = newHA(cfg.HA, mgr, cfg.Logger)
 	err = s.initialize(ctx)
 	if err == nil {
 		// Chains of the default width are made now (or when enough
@@ -156,7 +172,7 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 func newService(eng kv.Engine, cm clusterManager, cfg Config) *Service {
 	return &Service{
 		eng: eng, cluster: cm, cfg: cfg, log: cfg.Logger, now: time.Now,
-		gcRetryAt: make(map[uint64]gcRetry),
+		gcRetryAt: make(map[uint64]gcRetry), cb: newCallbacks(),
 	}
 }
 
@@ -212,11 +228,19 @@ func (s *Service) ClusterID() string { return s.clusterID }
 // checks, the GC loop and session expiry until ctx is done; then it stops
 // the server gracefully and closes the service.
 func (s *Service) Serve(ctx context.Context, lis net.Listener) error {
-	srv := rpc.NewServer()
+	if s.ha == nil {
+		mgr, _ := s.cluster.(*cluster.Manager)
+		s.ha = newHA(nil, mgr, s.log)
+	}
+	s.ha.start(lis.Addr().String())
+	defer s.ha.close()
+	srv := rpc.NewServer(grpc.ChainUnaryInterceptor(s.haInterceptor, s.callbackInterceptor))
 	weftv1.RegisterMetaServer(srv, s)
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){s.cluster.Run, s.gcLoop, s.sessionLoop} {
+	pollLiveness := func(ctx context.Context) { s.ha.pollLiveness(ctx, s.cfg.Cluster.HeartbeatInterval) }
+	for _, loop := range []func(context.Context){s.cluster.Run, s.gcLoop, s.sessionLoop, s.callbackLoop,
+		s.ha.run, pollLiveness, s.requestSweepLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -277,7 +301,18 @@ func (s *Service) Close() error {
 // update runs fn as one namespace transaction stamped with the current time.
 func (s *Service) update(ctx context.Context, fn func(x *tx) error) error {
 	now := s.now().UnixNano()
-	return s.eng.Update(ctx, func(t kv.Txn) error { return fn(&tx{t: t, now: now}) })
+	rec := s.newRecorder()
+	reqID := takeRequestToken(ctx) // a retried request is applied once (ha_requests.go)
+	err := s.eng.Update(ctx, func(t kv.Txn) error {
+		if err := checkRequest(t, reqID); err != nil {
+			return err
+		}
+		return s.recordUpdate(rec, t, func(t kv.Txn) error { return fn(&tx{t: t, now: now}) })
+	})
+	if err == nil {
+		s.committed(ctx, rec)
+	}
+	return err
 }
 
 // view runs fn in a read-only snapshot.

@@ -117,11 +117,13 @@ const (
 	extendSessionsBatch = 100
 )
 
-// endSession removes a session and its opens. Small sessions go in one
-// transaction; a session with many open files is taken apart in steps of
-// one transaction each, every step a consistent state: the opens it drops
-// are gone together with the orphans whose last open they were (queued for
-// GC). The first step that leaves opens behind marks the session closing,
+// endSession removes a session, its locks and its opens. A session that
+// holds locks first loses them, in steps of one transaction each (waiters
+// for them are woken); such a step marks the session closing. Small
+// sessions without locks go in one transaction; a session with many open
+// files is taken apart in steps of one transaction each, every step a
+// consistent state: the opens it drops are gone together with the orphans
+// whose last open they were (queued for GC). The first step that leaves opens behind marks the session closing,
 // so it can no longer be renewed or open more files, and the session record
 // goes in the last step: if the meta server stops half way, the closing
 // session is still there and expiry finishes the job. With onlyExpired it
@@ -142,8 +144,9 @@ func (s *Service) endSession(ctx context.Context, id string, onlyExpired bool) e
 // endSessionStep is one transaction of endSession; done reports that the
 // session is gone (or, with onlyExpired, is to stay).
 func (s *Service) endSessionStep(ctx context.Context, id string, onlyExpired bool) (done bool, err error) {
+	var unlocked []uint64 // inodes whose locks this step released
 	err = s.update(ctx, func(x *tx) error {
-		done = false
+		done, unlocked = false, nil
 		v, ok, err := x.t.Get(sessionKey(id))
 		if err != nil {
 			return err
@@ -159,6 +162,19 @@ func (s *Service) endSessionStep(ctx context.Context, id string, onlyExpired boo
 			done = true
 			return nil
 		}
+		// Locks go first, in steps of their own (see dropSessionLocks);
+		// once one is gone the session can never be renewed.
+		lockInos, locksGone, err := x.dropSessionLocks(id, txnOpsBudget-3)
+		if err != nil {
+			return fmt.Errorf("drop locks: %w", err)
+		}
+		if unlocked = lockInos; len(lockInos) > 0 || !locksGone {
+			if rec.Closing {
+				return nil
+			}
+			rec.Closing = true
+			return x.putSession(id, rec)
+		}
 		prefix := sessionOpensPrefix(id)
 		var inos []uint64
 		err = x.t.Scan(prefix, kv.PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
@@ -169,9 +185,10 @@ func (s *Service) endSessionStep(ctx context.Context, id string, onlyExpired boo
 		if err != nil {
 			return err
 		}
-		// Fixed: the session record, the scanned range and keys, the file
-		// counter; the session record's write and the counter's.
-		cmps, writes, dropped := 3+len(inos), 2, 0
+		// Fixed: the session record, the scanned ranges (opens, locks) and
+		// keys, the file counter; the session record's write and the
+		// counter's.
+		cmps, writes, dropped := 4+len(inos), 2, 0
 		for _, ino := range inos {
 			room := txnOpsBudget - max(cmps, writes)
 			if dropped == 0 {
@@ -200,6 +217,11 @@ func (s *Service) endSessionStep(ctx context.Context, id string, onlyExpired boo
 		rec.Closing = true
 		return x.putSession(id, rec)
 	})
+	if err == nil {
+		for _, ino := range unlocked {
+			s.wakeLockWaiters(ino)
+		}
+	}
 	return done, err
 }
 

@@ -24,11 +24,8 @@ func (s *Service) StatFS(ctx context.Context, _ *weftv1.StatFSRequest) (*weftv1.
 	}
 	var files, dirs uint64
 	err := s.view(ctx, func(x *tx) error {
-		var err error
-		if files, err = getUint64(x.t, keyCountFiles); err != nil {
-			return err
-		}
-		dirs, err = getUint64(x.t, keyCountDirs)
+		n, err := readCounts(x.t)
+		files, dirs = n.files, n.dirs
 		return err
 	})
 	if err != nil {
@@ -57,14 +54,15 @@ func (s *Service) Status(ctx context.Context, _ *weftv1.StatusRequest) (*weftv1.
 		resp.SyncEtaMs = -1 // bytes are left but the rate is not known yet
 	}
 	err := s.view(ctx, func(x *tx) error {
-		var err error
-		if resp.Files, err = getUint64(x.t, keyCountFiles); err != nil {
+		n, err := readCounts(x.t)
+		if err != nil {
 			return err
 		}
-		if resp.Directories, err = getUint64(x.t, keyCountDirs); err != nil {
-			return err
-		}
+		resp.Files, resp.Directories = n.files, n.dirs
 		if resp.Sessions, err = countPrefix(x.t, prefixSession); err != nil {
+			return err
+		}
+		if resp.SessionList, err = x.sessionList(); err != nil {
 			return err
 		}
 		resp.GcPending, err = countPrefix(x.t, prefixGC)
@@ -134,7 +132,9 @@ func (s *Service) gcLoop(ctx context.Context) {
 	t := time.NewTicker(gcInterval)
 	defer t.Stop()
 	for {
-		if _, err := s.collectGarbage(ctx); err != nil && ctx.Err() == nil {
+		if !s.ha.managing() {
+			// Only the elected cluster manager collects (ha.go).
+		} else if _, err := s.collectGarbage(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("garbage collection of deleted files", "err", err)
 		}
 		select {

@@ -102,6 +102,7 @@ func (fs *weftFS) readDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.Dir
 		if e.Attr != nil && e.Name != "." && e.Name != ".." {
 			fs.noteDir(d.ino, e.Attr)
 			fs.fillEntry(e.Attr, eo)
+			fs.noteEntry(d.ino, e.Name, eo)
 		}
 	}
 	return fuse.OK

@@ -42,6 +42,7 @@ func (fs *weftFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string,
 		return status(fs.log, "create", in.NodeId, err)
 	}
 	fs.fillEntry(a, &out.EntryOut)
+	fs.noteEntry(in.NodeId, name, &out.EntryOut)
 	out.Fh = fs.addFile(f)
 	return fuse.OK
 }
@@ -55,7 +56,7 @@ func (fs *weftFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOu
 	defer stop()
 	f, a, err := fs.c.Open(ctx, fs.caller(&in.InHeader), in.NodeId, in.Flags)
 	if err != nil {
-		return status(fs.log, "open", in.NodeId, err)
+		return staleIfGone(status(fs.log, "open", in.NodeId, err))
 	}
 	if fs.changed(a) {
 		if fs.srv != nil {
@@ -104,7 +105,9 @@ func (fs *weftFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
 	}
 	ctx, stop := reqContext(cancel)
 	defer stop()
-	return status(fs.log, "flush", in.NodeId, f.Flush(ctx))
+	err := f.Flush(ctx)
+	fs.unlockOnClose(&in.InHeader, in.NodeId, in.LockOwner, false) // close(2) drops the process's POSIX locks
+	return status(fs.log, "flush", in.NodeId, err)
 }
 
 func (fs *weftFS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
@@ -127,6 +130,9 @@ func (fs *weftFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	fs.mu.Unlock()
 	if f == nil {
 		return
+	}
+	if in.ReleaseFlags&fuse.FUSE_RELEASE_FLOCK_UNLOCK != 0 {
+		fs.unlockOnClose(&in.InHeader, in.NodeId, in.LockOwner, true)
 	}
 	if err := f.Release(context.Background()); err != nil {
 		fs.log.Error("release of a closed file failed", "ino", in.NodeId, "err", err)

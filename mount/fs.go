@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"errors"
 	"log/slog"
 	"sync"
 	"syscall"
@@ -33,6 +34,9 @@ type weftFS struct {
 	dirs    map[uint64]*dirHandle
 	told    map[uint64]told
 	parents map[uint64]uint64 // directory -> its parent, for ".."
+	locks   lockTable         // who may hold locks (locks.go)
+
+	notes *notifier // callbacks to FUSE notifications (notify.go)
 }
 
 func newFS(c *client.Client, opts Options) *weftFS {
@@ -63,14 +67,14 @@ func (fs *weftFS) remember(a *weftv1.Attr) {
 func (fs *weftFS) fillEntry(a *weftv1.Attr, out *fuse.EntryOut) {
 	out.NodeId = a.Ino
 	out.Generation = a.Generation
-	out.SetEntryTimeout(fs.opts.EntryTimeout)
-	out.SetAttrTimeout(fs.opts.AttrTimeout)
+	out.SetEntryTimeout(fs.plainEntryTTL())
+	out.SetAttrTimeout(fs.attrTTL())
 	fillAttr(a, &out.Attr)
 	fs.remember(a)
 }
 
 func (fs *weftFS) fillAttrOut(a *weftv1.Attr, out *fuse.AttrOut) {
-	out.SetTimeout(fs.opts.AttrTimeout)
+	out.SetTimeout(fs.attrTTL())
 	fillAttr(a, &out.Attr)
 	fs.remember(a)
 }
@@ -88,10 +92,14 @@ func (fs *weftFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, 
 	defer stop()
 	a, err := fs.c.Lookup(ctx, fs.caller(h), h.NodeId, name)
 	if err != nil {
+		if errors.Is(err, syscall.ENOENT) && fs.negativeEntry(h.NodeId, name, out) {
+			return fuse.OK
+		}
 		return status(fs.log, "lookup", h.NodeId, err)
 	}
 	fs.noteDir(h.NodeId, a)
 	fs.fillEntry(a, out)
+	fs.noteEntry(h.NodeId, name, out)
 	return fuse.OK
 }
 
@@ -100,6 +108,7 @@ func (fs *weftFS) Forget(nodeid, nlookup uint64) {
 	fs.mu.Lock()
 	delete(fs.told, nodeid)
 	fs.mu.Unlock()
+	fs.forgotten(nodeid)
 }
 
 func (fs *weftFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
@@ -175,6 +184,7 @@ func (fs *weftFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, o
 		return status(fs.log, "mknod", in.NodeId, err)
 	}
 	fs.fillEntry(a, out)
+	fs.noteEntry(in.NodeId, name, out)
 	return fuse.OK
 }
 
@@ -187,6 +197,7 @@ func (fs *weftFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, o
 	}
 	fs.noteDir(in.NodeId, a)
 	fs.fillEntry(a, out)
+	fs.noteEntry(in.NodeId, name, out)
 	return fuse.OK
 }
 
@@ -206,6 +217,9 @@ func (fs *weftFS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, new
 	ctx, stop := reqContext(cancel)
 	defer stop()
 	err := fs.c.Rename(ctx, fs.caller(&in.InHeader), in.NodeId, oldName, in.Newdir, newName, in.Flags)
+	if err == nil && fs.opts.callbacks {
+		fs.notes.renamed(in.NodeId, oldName, in.Newdir, newName)
+	}
 	return status(fs.log, "rename", in.NodeId, err)
 }
 
@@ -217,6 +231,7 @@ func (fs *weftFS) Link(cancel <-chan struct{}, in *fuse.LinkIn, name string, out
 		return status(fs.log, "link", in.Oldnodeid, err)
 	}
 	fs.fillEntry(a, out)
+	fs.noteEntry(in.NodeId, name, out)
 	return fuse.OK
 }
 
@@ -228,6 +243,7 @@ func (fs *weftFS) Symlink(cancel <-chan struct{}, h *fuse.InHeader, target, name
 		return status(fs.log, "symlink", h.NodeId, err)
 	}
 	fs.fillEntry(a, out)
+	fs.noteEntry(h.NodeId, name, out)
 	return fuse.OK
 }
 

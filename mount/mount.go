@@ -19,8 +19,19 @@ import (
 	"github.com/weft-fs/weft/client"
 )
 
-// DefaultTimeout is the default attribute and entry cache timeout.
+// DefaultTimeout is the default attribute and entry cache timeout
+// without callbacks.
 const DefaultTimeout = time.Second
+
+// DefaultCallbackTimeout is the default attribute and entry cache timeout
+// with callbacks: the meta service tells the mount when something cached
+// changes, so the timeout only bounds how long a change can go unseen in
+// the rare windows callbacks cannot cover (see README.md "Callbacks").
+const DefaultCallbackTimeout = time.Minute
+
+// ShortTimeout is the attribute and entry timeout used with callbacks on
+// while the callback stream is down (or not yet synchronized).
+const ShortTimeout = time.Second
 
 // maxWrite is the largest FUSE read or write request: 1 MiB measured about
 // 1.7 times faster than go-fuse's default of 128 KiB.
@@ -33,8 +44,18 @@ type Options struct {
 	// enforced by the meta service.
 	AllowOther bool
 	// AttrTimeout and EntryTimeout are how long the kernel caches
-	// attributes and directory entries; default DefaultTimeout (1 s).
+	// attributes and directory entries; default DefaultCallbackTimeout
+	// (1 min), or DefaultTimeout (1 s) with NoCallbacks.
 	AttrTimeout, EntryTimeout time.Duration
+	// NoCallbacks turns the meta service's callbacks off. With callbacks
+	// (the default) the mount subscribes to them: changes made by other
+	// clients invalidate the kernel's caches at once (FUSE notify), so
+	// the timeouts can be long and missing names are cached too; while
+	// the callback stream is down, ShortTimeout is used instead. Without,
+	// only the timeouts and close-to-open bound staleness.
+	NoCallbacks bool
+	// callbacks is !NoCallbacks.
+	callbacks bool
 	// Debug logs every FUSE request and reply.
 	Debug bool
 	// FsName is shown in /proc/mounts and df; default "weft".
@@ -56,11 +77,16 @@ type FS struct {
 // another user it uses fusermount3. The Mount owns c from now on: when the
 // file system is unmounted, c is flushed and closed.
 func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
+	opts.callbacks = !opts.NoCallbacks
+	def := DefaultCallbackTimeout
+	if !opts.callbacks {
+		def = DefaultTimeout
+	}
 	if opts.AttrTimeout <= 0 {
-		opts.AttrTimeout = DefaultTimeout
+		opts.AttrTimeout = def
 	}
 	if opts.EntryTimeout <= 0 {
-		opts.EntryTimeout = DefaultTimeout
+		opts.EntryTimeout = def
 	}
 	if opts.FsName == "" {
 		opts.FsName = "weft"
@@ -73,15 +99,21 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		return nil, err
 	}
 	fs := newFS(c, opts)
+	fs.notes = newNotifier(fs)
 	mo := &fuse.MountOptions{
 		AllowOther:           opts.AllowOther,
 		MaxWrite:             maxWrite,
 		MaxBackground:        64,
+		MaxReadAhead:         4 << 20, // the kernel's read-ahead on sequential reads
+		DisableSplice:        true,    // replies are bytes: splicing them costs 3 syscalls per read for nothing
 		FsName:               opts.FsName,
 		Name:                 "weft",
 		Debug:                opts.Debug,
 		DirectMount:          os.Geteuid() == 0,
 		DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		// flock and POSIX locks go to the meta service (locks.go), so
+		// they hold across mounts.
+		EnableLocks: true,
 		// The kernel checks permissions too (against the cached
 		// attributes, with the caller's real groups): without it a cached
 		// dentry would let a path walk skip the search permission the
@@ -110,6 +142,10 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		_ = srv.Unmount()
 		<-m.done
 		return nil, fmt.Errorf("mount weft at %s: %w", mp, err)
+	}
+	if opts.callbacks {
+		go fs.notes.run(m.done)
+		c.WatchCallbacks(fs.notes.deliver)
 	}
 	return m, nil
 }

@@ -21,6 +21,7 @@ type benchFlags struct {
 	size      string
 	files     int
 	tarFiles  int
+	walkFiles int
 	repeat    int
 	compare   bool
 	report    string
@@ -72,10 +73,11 @@ Examples:
 	fl.StringVar(&f.size, "size", "256MiB", "file size per process for the data workloads")
 	fl.IntVar(&f.files, "files", 1000, "metadata workloads: files and directories per process")
 	fl.IntVar(&f.tarFiles, "tar-files", 5000, "files in the generated source tarball")
+	fl.IntVar(&f.walkFiles, "walk-files", 0, "walk group: files of a tree made once under DIR/weft-bench-tree-N (kept for the next run) and walked cold like du, e.g. 1000000; 0: no walk")
 	fl.IntVar(&f.repeat, "repeat", 1, "repeat every workload this many times and report medians")
 	fl.BoolVar(&f.compare, "compare", false, "compare the given directories (ratios against the first)")
 	fl.StringVar(&f.report, "report", "", "write results.json, report.md and SVG plots into this directory")
-	fl.StringVar(&f.workloads, "workloads", "", "only these groups (data, meta, tree, fair), comma separated; default all")
+	fl.StringVar(&f.workloads, "workloads", "", "only these groups (data, meta, tree, fair, walk), comma separated; default all (walk only with --walk-files)")
 	fl.StringVar(&f.cold, "cold", "auto", "how cold reads start: auto (drop as root, else fadvise), drop (echo 3 > /proc/sys/vm/drop_caches), fadvise (POSIX_FADV_DONTNEED per file), none")
 	fl.StringVar(&f.cpuMatch, "cpu-match", "", "also measure the CPU time of the processes whose command line contains this (e.g. weft), as core-ms per MB")
 	return cmd
@@ -83,7 +85,7 @@ Examples:
 
 // runBench parses the flags, runs the benchmark and prints the table.
 func runBench(cmd *cobra.Command, f benchFlags, dirs []string) error {
-	cfg := bench.Config{Files: f.files, TarFiles: f.tarFiles, Repeat: f.repeat, Cold: f.cold, CPUMatch: f.cpuMatch}
+	cfg := bench.Config{Files: f.files, TarFiles: f.tarFiles, WalkFiles: f.walkFiles, Repeat: f.repeat, Cold: f.cold, CPUMatch: f.cpuMatch}
 	for _, s := range splitList(f.records) {
 		v, err := parseSize(s)
 		if err != nil || v == 0 {
@@ -111,10 +113,10 @@ func runBench(cmd *cobra.Command, f benchFlags, dirs []string) error {
 	}
 	for _, w := range splitList(f.workloads) {
 		switch w {
-		case bench.GroupData, bench.GroupMeta, bench.GroupTree, bench.GroupFair:
+		case bench.GroupData, bench.GroupMeta, bench.GroupTree, bench.GroupFair, bench.GroupWalk:
 			cfg.Workloads = append(cfg.Workloads, w)
 		default:
-			return usagef("--workloads: unknown group %q (data, meta, tree, fair)", w)
+			return usagef("--workloads: unknown group %q (data, meta, tree, fair, walk)", w)
 		}
 	}
 	switch f.cold {

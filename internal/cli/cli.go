@@ -45,6 +45,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	fmt.Fprintf(stderr, "weft: %v\n", err)
+	if ec, ok := errors.AsType[interface {
+		error
+		ExitCode() int
+	}](err); ok {
+		return ec.ExitCode() // a command with its own exit statuses (fsck)
+	}
 	return exitError
 }
 
@@ -83,6 +89,7 @@ directories; "weft target remove" replaces a lost disk in its chains;
 		newLayoutCmd(),
 		newTargetCmd(),
 		newScrubCmd(),
+		newFsckCmd(),
 		newVersionCmd(),
 		newBenchCmd(),
 		newBenchWorkerCmd(),

@@ -22,6 +22,8 @@ type dataFlags struct {
 	syncBW    string
 	scrubRate string
 	debug     bool
+
+	wireListen, wireAdvertise string // lean data path
 }
 
 func newDataCmd() *cobra.Command {
@@ -43,11 +45,13 @@ it listens on is written to DIR/address.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.dir, "dir", "", "directory of the server's state and its default target (required)")
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "address to listen on (host:port; port 0 lets the system pick)")
-	fl.StringVar(&f.metaAddr, "meta", "", "address of the meta service, host:port (required)")
+	fl.StringVar(&f.metaAddr, "meta", "", "address of the meta service, host:port, or of several meta servers, comma-separated (required)")
 	fl.StringArrayVar(&f.targets, "target", nil, "target directory holding chunks (repeatable; default: --dir)")
 	fl.StringVar(&f.site, "site", "", "site of this server (failure domain)")
 	fl.StringVar(&f.rack, "rack", "", "rack of this server (failure domain)")
 	fl.StringVar(&f.advertise, "advertise", "", "address clients use to reach this server (default: the listen address)")
+	fl.StringVar(&f.wireListen, "wire-listen", "", "address of the lean data path (chunk reads and writes without gRPC; default: the --listen host, any free port; off: gRPC only)")
+	fl.StringVar(&f.wireAdvertise, "wire-advertise", "", "address clients use to reach the lean data path (default: its listen address; needed with --advertise, else the lean data path is off)")
 	fl.StringVar(&f.syncBW, "sync-bandwidth", "200MiB", "bytes per second this server sends to fill replicas that are syncing or being re-replicated (e.g. 50MiB)")
 	fl.StringVar(&f.scrubRate, "scrub-rate", "20MiB", "bytes per second the background scrub re-reads and verifies (0: no background scrub)")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
@@ -101,6 +105,9 @@ func runData(ctx context.Context, cmd *cobra.Command, f dataFlags) error {
 		SyncBandwidth: int64(syncBW),
 		ScrubRate:     scrub,
 		Logger:        log,
+
+		WireListen:    f.wireListen,
+		WireAdvertise: f.wireAdvertise,
 	})
 	if err != nil {
 		return failure("open the data server in "+f.dir, err, "check that the directory and targets are writable and no other weft data uses them")

@@ -32,6 +32,8 @@ type metaFlags struct {
 	engine            string
 	etcdEndpoints     string
 	etcdPrefix        string
+	electionTTL       time.Duration
+	advertise         string
 	debug             bool
 }
 
@@ -48,7 +50,11 @@ register with it; clients (weft mount --meta ADDR) talk to it.
 
 The metadata lives in an embedded database in DIR (--engine pebble, the
 default) or in an etcd cluster (--engine etcd --etcd-endpoints HOST:PORT,...),
-under the key prefix --etcd-prefix.`,
+under the key prefix --etcd-prefix. Several weft meta over one etcd cluster
+and prefix are active/active for the namespace; one of them, elected through
+etcd, is the cluster manager (data server liveness, chains, repair), the others
+forward its calls to it and take over within about --election-ttl when it dies.
+Give data servers and clients every meta address (--meta a,b,c).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runMeta(cmd.Context(), cmd, f)
@@ -67,6 +73,9 @@ under the key prefix --etcd-prefix.`,
 	fl.StringVar(&f.engine, "engine", "pebble", "metadata engine: pebble (embedded, in --dir) or etcd")
 	fl.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "etcd client endpoints for --engine etcd (host:port,...)")
 	fl.StringVar(&f.etcdPrefix, "etcd-prefix", etcdkv.DefaultPrefix, "key prefix of this cluster's metadata in etcd")
+	fl.DurationVar(&f.electionTTL, "election-ttl", meta.DefaultElectionTTL,
+		"with --engine etcd: lease of the cluster manager election (whole seconds); a dead manager is replaced about this long after")
+	fl.StringVar(&f.advertise, "advertise", "", "address other meta servers, data servers and clients reach this one at (default: the listen address)")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
 	return cmd
 }
@@ -106,6 +115,9 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 	if f.sessionLease <= 0 {
 		return usagef("--session-lease must be positive, got %v", f.sessionLease)
 	}
+	if f.electionTTL < time.Second || f.electionTTL%time.Second != 0 {
+		return usagef("--election-ttl must be a whole number of seconds, at least 1s, got %v", f.electionTTL)
+	}
 	endpoints, err := checkEngineFlags(f)
 	if err != nil {
 		return err
@@ -115,12 +127,19 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 	}
 	log := newLogger(cmd.ErrOrStderr(), f.debug)
 	var eng kv.Engine
+	var ha *meta.HAConfig
 	if f.engine == "etcd" {
 		e, err := etcdkv.Open(ctx, etcdkv.Options{Endpoints: endpoints, Prefix: f.etcdPrefix})
 		if err != nil {
 			return failure("open the etcd metadata engine", err, "")
 		}
 		eng = e
+		id, err := meta.MetaServerID(f.dir)
+		if err != nil {
+			e.Close()
+			return failure("start the meta service", err, "check that "+f.dir+" is writable")
+		}
+		ha = &meta.HAConfig{Engine: e, ElectionTTL: f.electionTTL, Advertise: f.advertise, ID: id, Version: versionString()}
 	}
 	svc, err := meta.Open(ctx, meta.Config{
 		Dir:           f.dir,
@@ -134,6 +153,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		},
 		SessionLease: f.sessionLease,
 		Logger:       log,
+		HA:           ha,
 	})
 	if err != nil { // meta.Open closed eng
 		return failure("open the meta service in "+f.dir, err, "check that no other weft meta uses this directory and that it is writable")

@@ -21,18 +21,19 @@ import (
 
 // mountFlags are the flags of "weft mount".
 type mountFlags struct {
-	metaAddr     string
-	allowOther   bool
-	attrTimeout  time.Duration
-	entryTimeout time.Duration
-	client       clientSettings
-	debug        bool
+	metaAddr   string
+	allowOther bool
+	cache      cacheSettings
+	client     clientSettings
+	debug      bool
 }
 
 // clientSettings are the client.Config fields weft mount and weft up set.
 type clientSettings struct {
 	onUnavailable      string        // client.OnUnavailableWait or Fail; "": the client's default
 	unavailableTimeout time.Duration // 0: the client's default
+	writeBuffer        string        // --write-buffer size
+	readAhead          string        // --read-ahead size; 0: off
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -43,6 +44,33 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 			"fail (EIO after --unavailable-timeout) or wait (block until it is back)")
 	fl.DurationVar(&s.unavailableTimeout, "unavailable-timeout", client.DefaultUnavailableTimeout,
 		"with --on-unavailable fail, how long I/O retries an unreachable chain before failing with EIO")
+	fl.StringVar(&s.writeBuffer, "write-buffer", "64MiB",
+		"bytes of written data the client holds before sending (bounds its memory; e.g. 256MiB)")
+	fl.StringVar(&s.readAhead, "read-ahead", "8MiB",
+		"largest read-ahead window of a sequential reader (0: no read-ahead)")
+}
+
+// sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
+// off).
+func (s clientSettings) sizes() (writeBuffer, readAhead int64, err error) {
+	wb, err := parseSize(s.writeBuffer)
+	if err != nil {
+		return 0, 0, usagef("--write-buffer: %v", err)
+	}
+	if wb < 1<<20 || wb > 1<<40 {
+		return 0, 0, usagef("--write-buffer must be between 1MiB and 1TiB, got %q", s.writeBuffer)
+	}
+	ra, err := parseSize(s.readAhead)
+	if err != nil {
+		return 0, 0, usagef("--read-ahead: %v", err)
+	}
+	if ra > 1<<30 {
+		return 0, 0, usagef("--read-ahead must be at most 1GiB, got %q", s.readAhead)
+	}
+	if ra == 0 {
+		return int64(wb), -1, nil
+	}
+	return int64(wb), int64(ra), nil
 }
 
 // check validates the flags.
@@ -53,13 +81,16 @@ func (s clientSettings) check() error {
 	if s.unavailableTimeout <= 0 {
 		return usagef("--unavailable-timeout must be positive, got %v", s.unavailableTimeout)
 	}
-	return nil
+	_, _, err := s.sizes()
+	return err
 }
 
 // apply copies the settings into cfg.
 func (s clientSettings) apply(cfg *client.Config) {
 	cfg.OnUnavailable = s.onUnavailable
 	cfg.UnavailableTimeout = s.unavailableTimeout
+	// check has validated the sizes.
+	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
 }
 
 func newMountCmd() *cobra.Command {
@@ -83,10 +114,9 @@ every replica down), --on-unavailable fail returns EIO after
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.metaAddr, "meta", "", "address of the meta service, host:port (required)")
+	fl.StringVar(&f.metaAddr, "meta", "", "address of the meta service, host:port, or of several meta servers, comma-separated (required; the client learns the others and fails over between them)")
 	fl.BoolVar(&f.allowOther, "allow-other", false, "let every user of the machine use the mount (needs root or user_allow_other in /etc/fuse.conf)")
-	fl.DurationVar(&f.attrTimeout, "attr-timeout", time.Second, "how long the kernel caches attributes")
-	fl.DurationVar(&f.entryTimeout, "entry-timeout", time.Second, "how long the kernel caches names")
+	f.cache.addFlags(cmd)
 	f.client.addFlags(cmd)
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	return cmd
@@ -96,8 +126,8 @@ func runMount(ctx context.Context, cmd *cobra.Command, f mountFlags, dir string)
 	if f.metaAddr == "" {
 		return usagef("--meta is required: the address (host:port) of the meta service")
 	}
-	if f.attrTimeout < 0 || f.entryTimeout < 0 {
-		return usagef("--attr-timeout and --entry-timeout must not be negative")
+	if err := f.cache.check(); err != nil {
+		return err
 	}
 	if err := f.client.check(); err != nil {
 		return err
@@ -107,13 +137,9 @@ func runMount(ctx context.Context, cmd *cobra.Command, f mountFlags, dir string)
 			"add the line user_allow_other to /etc/fuse.conf, run as root, or mount without --allow-other")
 	}
 	log := newLogger(cmd.ErrOrStderr(), f.debug)
-	m, err := mountWeft(ctx, f.metaAddr, dir, mount.Options{
-		AllowOther:   f.allowOther,
-		AttrTimeout:  f.attrTimeout,
-		EntryTimeout: f.entryTimeout,
-		Debug:        f.debug,
-		FsName:       "weft",
-	}, f.client, log)
+	opts := mount.Options{AllowOther: f.allowOther, Debug: f.debug, FsName: "weft"}
+	f.cache.apply(&opts)
+	m, err := mountWeft(ctx, f.metaAddr, dir, opts, f.client, log)
 	if err != nil {
 		return err
 	}

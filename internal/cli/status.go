@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/status"
 
+	"github.com/weft-fs/weft/data"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -53,6 +54,7 @@ of the time are shown. --chains lists every chain with its members.`,
 				return writeStatusJSON(cmd.OutOrStdout(), addr, st)
 			}
 			writeStatusText(cmd.OutOrStdout(), addr, st)
+			writeMetaServers(cmd.OutOrStdout(), st)
 			if listChains {
 				writeChainList(cmd.OutOrStdout(), st)
 			}
@@ -60,7 +62,7 @@ of the time are shown. --chains lists every chain with its members.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&metaAddr, "meta", "", "address of the meta service, host:port")
+	fl.StringVar(&metaAddr, "meta", "", "address of the meta service, host:port (or several, comma-separated: the first that answers)")
 	fl.StringVar(&dir, "dir", "", "cluster directory of weft up (or a weft meta --dir) to find the meta service in")
 	fl.BoolVar(&listChains, "chains", false, "list every chain with its version and members")
 	fl.BoolVar(&asJSON, "json", false, "print machine-readable JSON (with every chain)")
@@ -97,7 +99,7 @@ func resolveMetaAddr(metaAddr, dir string) (string, error) {
 
 // dialMeta connects to the meta service at addr.
 func dialMeta(addr string) (weftv1.MetaClient, func(), error) {
-	cc, err := rpc.Dial(addr)
+	cc, err := rpc.Dial(data.MetaTarget(addr)) // a list: the first that answers
 	if err != nil {
 		return nil, nil, metaUnreachable(addr, err)
 	}
@@ -106,6 +108,9 @@ func dialMeta(addr string) (weftv1.MetaClient, func(), error) {
 
 // fetchStatus asks the meta service at addr for the cluster status.
 func fetchStatus(ctx context.Context, addr string) (*weftv1.StatusResponse, error) {
+	if strings.Contains(addr, ",") {
+		return fetchStatusAny(ctx, addr) // statusmeta.go
+	}
 	mc, closeConn, err := dialMeta(addr)
 	if err != nil {
 		return nil, err
@@ -210,6 +215,7 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 	fmt.Fprintf(w, "  sessions:     %d\n", st.GetSessions())
 	fmt.Fprintf(w, "  gc pending:   %d\n", st.GetGcPending())
 	fmt.Fprintf(w, "  default layout: %s\n", layoutString(st.GetDefaultLayout()))
+	writeSessionList(w, st)
 }
 
 // statusJSON is the --json form of weft status; field names are stable.
@@ -239,6 +245,8 @@ type statusJSON struct {
 	SyncETAMs int64       `json:"sync_eta_ms"`
 	Warnings  []string    `json:"warnings"`
 	ChainList []chainJSON `json:"chain_list"`
+	// SessionList lists the clients (statussessions.go).
+	SessionList []sessionJSON `json:"session_list"`
 }
 
 type chainSummaryJSON struct {
@@ -315,6 +323,7 @@ func writeStatusJSON(w io.Writer, addr string, st *weftv1.StatusResponse) error 
 		DefaultLayout:  toLayoutJSON(st.GetDefaultLayout()),
 		ChainSummaries: []chainSummaryJSON{}, SyncBytesLeft: st.GetSyncBytesLeft(), SyncETAMs: st.GetSyncEtaMs(),
 		Warnings: append([]string{}, st.GetWarnings()...), ChainList: []chainJSON{},
+		SessionList: toSessionJSON(st),
 	}
 	out.Health, out.HealthReasons = clusterHealth(st)
 	if out.HealthReasons == nil {

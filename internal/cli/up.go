@@ -34,6 +34,7 @@ type upFlags struct {
 	repairDelay  time.Duration
 	listen       string
 	client       clientSettings
+	cache        cacheSettings
 }
 
 func newUpCmd() *cobra.Command {
@@ -68,6 +69,7 @@ is replaced and its data copied again. weft status shows the chains' health.`,
 	fl.DurationVar(&f.repairDelay, "repair-delay", 10*time.Minute, "a replica offline for this long is replaced by another data server and re-replicated")
 	fl.DurationVar(&f.restartDelay, "restart-delay", 3*time.Second, "wait this long before restarting a server that died (0: never restart)")
 	f.client.addFlags(cmd)
+	f.cache.addFlags(cmd)
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "address of the meta service (port 0: let the system pick; data servers use the same host)")
 	return cmd
 }
@@ -101,6 +103,9 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 	}
 	if f.repairDelay <= 0 {
 		return usagef("--repair-delay must be positive, got %v", f.repairDelay)
+	}
+	if err := f.cache.check(); err != nil {
+		return err
 	}
 	if err := f.client.check(); err != nil {
 		return err
@@ -240,7 +245,9 @@ func startAndServe(ctx context.Context, cmd *cobra.Command, f upFlags) error {
 		return failure("open the mount log", err, "check that "+logDir+" is writable")
 	}
 	defer mountLog.Close()
-	m, err := mountWeft(ctx, metaAddr, mnt, mount.Options{AllowOther: allowOther, AttrTimeout: time.Second, EntryTimeout: time.Second, FsName: "weft"}, f.client, newLogger(mountLog, false))
+	mopts := mount.Options{AllowOther: allowOther, FsName: "weft"}
+	f.cache.apply(&mopts)
+	m, err := mountWeft(ctx, metaAddr, mnt, mopts, f.client, newLogger(mountLog, false))
 	if err != nil {
 		return err
 	}

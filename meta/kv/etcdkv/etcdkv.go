@@ -91,6 +91,10 @@ type Engine struct {
 	// retryToken is held by the one transaction of this engine that may
 	// retry after a conflict.
 	retryToken chan struct{}
+	// guard: compares every commit must also pass (see Guarded); shared:
+	// the client belongs to another Engine and Close leaves it open.
+	guard  []clientv3.Cmp
+	shared bool
 }
 
 // Open connects to etcd and checks that at least one endpoint answers.
@@ -153,7 +157,7 @@ func (e *Engine) Name() string { return "etcd" }
 
 // Close closes the etcd client; later calls return kv.ErrClosed.
 func (e *Engine) Close() error {
-	if e.closed.Swap(true) {
+	if e.closed.Swap(true) || e.shared {
 		return nil
 	}
 	return e.cli.Close()
@@ -470,11 +474,14 @@ func (t *txn) commit() (bool, error) {
 	}
 	cctx, cancel := context.WithTimeout(t.ctx, t.e.opts.RequestTimeout)
 	defer cancel()
-	resp, err := t.e.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
+	ok, err := t.e.commitTxn(cctx, cmps, ops)
+	if errors.Is(err, ErrGuardFailed) {
+		return false, err
+	}
 	if err != nil {
 		return false, t.e.wrap(t.ctx, fmt.Sprintf("commit (%d compares, %d writes)", len(cmps), len(ops)), err)
 	}
-	return resp.Succeeded, nil
+	return ok, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -1,0 +1,81 @@
+package client
+
+import (
+	"context"
+
+	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// memberClient returns the client of chain member m's data server. Chunk
+// reads, writes and syncs go over the lean data path (package
+// internal/wire) when the member has a wire address, and over gRPC when
+// it has none (a data server of an older version, or with the lean data
+// path turned off); everything else goes over gRPC.
+func (t *chainTable) memberClient(m *weftv1.ChainMember) (weftv1.DataClient, error) {
+	if m.WireAddress == "" {
+		return t.conn(m.Address)
+	}
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	cc, ok := t.conns[m.Address]
+	if !ok {
+		var err error
+		if cc, err = rpc.Dial(m.Address); err != nil {
+			return nil, err
+		}
+		t.conns[m.Address] = cc
+	}
+	if t.wires == nil {
+		t.wires = make(map[string]*wire.Client)
+	}
+	w := t.wires[m.WireAddress]
+	if w == nil {
+		w = wire.NewClient(m.WireAddress, 0)
+		t.wires[m.WireAddress] = w
+	}
+	var dc weftv1.DataClient = wire.NewDataClient(weftv1.NewDataClient(cc), w)
+	if t.wrap != nil {
+		dc = t.wrap(dc)
+	}
+	return dc, nil
+}
+
+// closeWiresLocked closes the lean data path clients. Called with
+// t.connsMu held.
+func (t *chainTable) closeWiresLocked() {
+	for addr, w := range t.wires {
+		w.Close()
+		delete(t.wires, addr)
+	}
+}
+
+// wireCalls is the number of requests sent over the lean data path.
+func (t *chainTable) wireCalls() uint64 {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	var n uint64
+	for _, w := range t.wires {
+		n += w.Calls()
+	}
+	return n
+}
+
+// readerInto is a data client that can receive a chunk read into the
+// caller's buffer (the lean data path).
+type readerInto interface {
+	ReadChunkInto(ctx context.Context, in *weftv1.ReadChunkRequest, dst []byte) ([]byte, error)
+}
+
+// readChunkData reads with dc, into dst when dc can and the answer fits.
+func readChunkData(ctx context.Context, dc weftv1.DataClient, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
+	if ri, ok := dc.(readerInto); ok && dst != nil {
+		return ri.ReadChunkInto(ctx, req, dst)
+	}
+	resp, err := dc.ReadChunk(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, nil
+}

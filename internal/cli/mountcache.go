@@ -1,0 +1,45 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/weft-fs/weft/mount"
+)
+
+// cacheSettings are the metadata caching flags of weft mount and weft up.
+type cacheSettings struct {
+	callbacks    bool
+	attrTimeout  time.Duration // 0: mount's default for the callbacks setting
+	entryTimeout time.Duration
+}
+
+// addFlags defines --callbacks, --attr-timeout and --entry-timeout on cmd.
+func (s *cacheSettings) addFlags(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.BoolVar(&s.callbacks, "callbacks", true,
+		"have the meta service call back when cached metadata changes, so that the kernel can cache it long "+
+			"(--callbacks=false: short timeouts, close-to-open only)")
+	fl.DurationVar(&s.attrTimeout, "attr-timeout", 0,
+		"how long the kernel caches attributes (0: "+mount.DefaultCallbackTimeout.String()+" with callbacks, "+
+			mount.DefaultTimeout.String()+" without)")
+	fl.DurationVar(&s.entryTimeout, "entry-timeout", 0,
+		"how long the kernel caches names, also missing ones with callbacks (0: "+mount.DefaultCallbackTimeout.String()+
+			" with callbacks, "+mount.DefaultTimeout.String()+" without)")
+}
+
+// check validates the flags.
+func (s cacheSettings) check() error {
+	if s.attrTimeout < 0 || s.entryTimeout < 0 {
+		return usagef("--attr-timeout and --entry-timeout must not be negative")
+	}
+	return nil
+}
+
+// apply copies the settings into opts.
+func (s cacheSettings) apply(opts *mount.Options) {
+	opts.NoCallbacks = !s.callbacks
+	opts.AttrTimeout = s.attrTimeout
+	opts.EntryTimeout = s.entryTimeout
+}

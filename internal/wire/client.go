@@ -1,0 +1,429 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// DefaultConns is the number of connections a Client opens to its server:
+// requests are spread over them, so one large write does not hold up the
+// requests behind it, and two readers receive in parallel.
+const DefaultConns = 2
+
+// dialTimeout bounds connecting (and the preface exchange).
+const dialTimeout = 2 * time.Second
+
+// Client sends requests to one data server over a few connections, each
+// carrying many requests at once. Connections are made on first use and
+// again after one breaks. Its methods may be called concurrently.
+type Client struct {
+	addr  string
+	next  atomic.Uint32
+	calls atomic.Uint64
+
+	mu     sync.Mutex
+	slots  []*clientConn // nil: not connected
+	dialMu []sync.Mutex  // one dial per slot at a time
+	closed bool
+}
+
+// NewClient returns a client of the data server whose lean data path
+// listens on addr, with conns connections (DefaultConns if <= 0). Nothing
+// is dialed until the first request.
+func NewClient(addr string, conns int) *Client {
+	if conns <= 0 {
+		conns = DefaultConns
+	}
+	return &Client{addr: addr, slots: make([]*clientConn, conns), dialMu: make([]sync.Mutex, conns)}
+}
+
+// Addr is the server address.
+func (c *Client) Addr() string { return c.addr }
+
+// Calls is the number of requests sent so far.
+func (c *Client) Calls() uint64 { return c.calls.Load() }
+
+// Close closes every connection; requests in flight fail with
+// Unavailable.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	slots := append([]*clientConn(nil), c.slots...)
+	c.mu.Unlock()
+	for _, cc := range slots {
+		if cc != nil {
+			cc.fail(errors.New("client closed"))
+		}
+	}
+	return nil
+}
+
+// conn returns a live connection, dialing one if its slot has none.
+func (c *Client) conn(ctx context.Context) (*clientConn, error) {
+	i := int(c.next.Add(1)) % len(c.slots)
+	c.mu.Lock()
+	cc, closed := c.slots[i], c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.addr)
+	}
+	if cc != nil && !cc.broken() {
+		return cc, nil
+	}
+	c.dialMu[i].Lock()
+	defer c.dialMu[i].Unlock()
+	c.mu.Lock()
+	cc = c.slots[i]
+	c.mu.Unlock()
+	if cc != nil && !cc.broken() {
+		return cc, nil
+	}
+	cc, err := dial(ctx, c.addr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		cc.fail(errors.New("client closed"))
+		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.addr)
+	}
+	c.slots[i] = cc
+	c.mu.Unlock()
+	return cc, nil
+}
+
+// clientConn is one connection and the requests waiting on it.
+type clientConn struct {
+	addr string
+	nc   net.Conn
+	br   *bufio.Reader
+
+	wmu sync.Mutex // one frame at a time
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]*call
+	err     error // set once the connection broke
+	dead    atomic.Bool
+}
+
+// call is one request waiting for its answer.
+type call struct {
+	done chan struct{}
+	dst  []byte // ReadChunk: receive the payload here if it fits
+	// The answer.
+	code, errno, flags uint32
+	msg                string
+	data               []byte
+	err                error // connection failure
+}
+
+func dial(ctx context.Context, addr string) (*clientConn, error) {
+	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "connect to data server %s (lean data path): %v", addr, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(4 << 20)
+		tc.SetWriteBuffer(4 << 20)
+	}
+	if dl, ok := dctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	var pre [8]byte
+	if _, err = nc.Write(preface[:]); err == nil {
+		_, err = io.ReadFull(nc, pre[:])
+	}
+	if err == nil && pre != preface {
+		err = errors.New("the server did not answer with the weft preface")
+	}
+	if err != nil {
+		nc.Close()
+		return nil, status.Errorf(codes.Unavailable, "connect to data server %s (lean data path): %v", addr, err)
+	}
+	nc.SetDeadline(time.Time{})
+	cc := &clientConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), pending: make(map[uint64]*call)}
+	go cc.readLoop()
+	return cc, nil
+}
+
+func (cc *clientConn) broken() bool { return cc.dead.Load() }
+
+// fail breaks the connection: every request waiting on it fails with
+// Unavailable.
+func (cc *clientConn) fail(err error) {
+	cc.mu.Lock()
+	if cc.err != nil {
+		cc.mu.Unlock()
+		return
+	}
+	cc.err = err
+	cc.dead.Store(true)
+	pending := cc.pending
+	cc.pending = nil
+	cc.mu.Unlock()
+	cc.nc.Close()
+	for _, cl := range pending {
+		cl.err = cc.connError(err)
+		close(cl.done)
+	}
+}
+
+func (cc *clientConn) connError(err error) error {
+	return status.Errorf(codes.Unavailable, "connection to data server %s (lean data path) broke: %v", cc.addr, err)
+}
+
+// readLoop receives answers until the connection breaks.
+func (cc *clientConn) readLoop() {
+	var hb [headerLen]byte
+	var mb [256]byte
+	for {
+		if err := readFull(cc.br, hb[:]); err != nil {
+			cc.fail(err)
+			return
+		}
+		h, err := parseHeader(hb[:])
+		if err == nil && (h.op != opResponse || h.metaLen < respMetaMin || h.metaLen > maxMeta) {
+			err = fmt.Errorf("%w: unexpected frame op %d with %d bytes of fields", errProtocol, h.op, h.metaLen)
+		}
+		if err != nil {
+			cc.fail(err)
+			return
+		}
+		meta := mb[:0]
+		if h.metaLen <= len(mb) {
+			meta = mb[:h.metaLen]
+		} else {
+			meta = make([]byte, h.metaLen)
+		}
+		if err := readFull(cc.br, meta); err != nil {
+			cc.fail(err)
+			return
+		}
+		cc.mu.Lock()
+		cl := cc.pending[h.id]
+		delete(cc.pending, h.id)
+		cc.mu.Unlock()
+		var data []byte
+		if cl == nil && h.payloadLen > 0 {
+			// Given up by its caller: skip the payload.
+			if _, err := cc.br.Discard(h.payloadLen); err != nil {
+				cc.fail(err)
+				return
+			}
+			continue
+		}
+		if h.payloadLen > 0 {
+			if h.payloadLen <= len(cl.dst) {
+				data = cl.dst[:h.payloadLen]
+			} else {
+				data = make([]byte, h.payloadLen)
+			}
+			if err := readFull(cc.br, data); err != nil {
+				cl.err = cc.connError(err)
+				close(cl.done)
+				cc.fail(err)
+				return
+			}
+		}
+		if cl == nil {
+			continue // given up by its caller
+		}
+		cl.code, cl.errno, cl.flags = le.Uint32(meta[0:]), le.Uint32(meta[4:]), le.Uint32(meta[8:])
+		if cl.code != 0 {
+			cl.msg = string(meta[respMetaMin:])
+		}
+		cl.data = data
+		close(cl.done)
+	}
+}
+
+// longAgo makes a pending write fail at once.
+var longAgo = time.Unix(1, 0)
+
+// do sends a request (fields in meta, payload) and waits for its answer.
+// The payload is no longer referenced when do returns.
+func (c *Client) do(ctx context.Context, op uint8, meta []byte, payload []byte, dst []byte) (*call, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.calls.Add(1)
+	cl := &call{done: make(chan struct{}), dst: dst}
+	cc.mu.Lock()
+	if cc.err != nil {
+		err := cc.connError(cc.err)
+		cc.mu.Unlock()
+		return nil, err
+	}
+	cc.nextID++
+	id := cc.nextID
+	cc.pending[id] = cl
+	cc.mu.Unlock()
+
+	var timeout uint32
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = uint32(max(time.Until(dl).Milliseconds(), 1))
+	}
+	var hb [headerLen + maxFixedMeta]byte
+	header{op: op, metaLen: len(meta), payloadLen: len(payload), id: id, timeoutMs: timeout}.put(hb[:])
+	n := copy(hb[headerLen:], meta)
+	if err := cc.send(ctx, hb[:headerLen+n], payload); err != nil {
+		cc.fail(err)
+		<-cl.done
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, cl.err
+	}
+	select {
+	case <-cl.done:
+	case <-ctx.Done():
+		cc.mu.Lock()
+		_, waiting := cc.pending[id]
+		if waiting {
+			delete(cc.pending, id)
+		}
+		cc.mu.Unlock()
+		if !waiting {
+			// The answer is being received (perhaps into dst): wait for it.
+			<-cl.done
+			break
+		}
+		go cc.cancel(id)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if cl.err != nil {
+		return nil, cl.err
+	}
+	return cl, nil
+}
+
+// send writes one frame; a context that ends meanwhile aborts the write
+// (the connection then breaks: a frame was cut).
+func (cc *clientConn) send(ctx context.Context, head, payload []byte) error {
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { cc.nc.SetWriteDeadline(longAgo) })
+		defer func() {
+			if !stop() {
+				cc.nc.SetWriteDeadline(time.Time{})
+			}
+		}()
+	}
+	var err error
+	if len(payload) == 0 {
+		_, err = cc.nc.Write(head)
+	} else {
+		bufs := net.Buffers{head, payload}
+		_, err = bufs.WriteTo(cc.nc)
+	}
+	return err
+}
+
+// cancel tells the server to give up on request id.
+func (cc *clientConn) cancel(id uint64) {
+	var hb [headerLen]byte
+	header{op: opCancel, id: id}.put(hb[:])
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	if cc.broken() {
+		return
+	}
+	cc.nc.SetWriteDeadline(time.Now().Add(dialTimeout))
+	if _, err := cc.nc.Write(hb[:]); err != nil {
+		go cc.fail(err)
+	}
+	cc.nc.SetWriteDeadline(time.Time{})
+}
+
+// callError turns an error answer into what the gRPC client returns for
+// it (with package fserr's interceptor): a status, or an error wrapping
+// the errno.
+func (cl *call) callError() error {
+	if cl.code == 0 {
+		return nil
+	}
+	st := status.New(codes.Code(cl.code), cl.msg)
+	if cl.errno != 0 {
+		if d, err := st.WithDetails(&weftv1.Errno{Errno: cl.errno}); err == nil {
+			st = d
+		}
+	}
+	return fserr.FromStatus(st.Err())
+}
+
+// WriteChunk sends a chunk write.
+func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
+	var m [writeMetaLen]byte
+	putWrite(m[:], req)
+	cl, err := c.do(ctx, opWriteChunk, m[:], req.GetData(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.callError(); err != nil {
+		return nil, err
+	}
+	return &weftv1.WriteChunkResponse{NeedFullChunk: cl.flags&flagNeedFull != 0}, nil
+}
+
+// ReadChunk reads from a chunk into a new buffer.
+func (c *Client) ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error) {
+	data, err := c.ReadChunkInto(ctx, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.ReadChunkResponse{Data: data}, nil
+}
+
+// ReadChunkInto reads from a chunk into dst when the answer fits (else
+// into a new buffer) and returns what the server sent: shorter than asked
+// where the chunk ends.
+func (c *Client) ReadChunkInto(ctx context.Context, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
+	var m [readMetaLen]byte
+	putRead(m[:], req)
+	cl, err := c.do(ctx, opReadChunk, m[:], nil, dst)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.callError(); err != nil {
+		return nil, err
+	}
+	return cl.data, nil
+}
+
+// SyncFile makes a file's chunks of a chain durable.
+func (c *Client) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error) {
+	var m [syncMetaLen]byte
+	putSync(m[:], req)
+	cl, err := c.do(ctx, opSyncFile, m[:], nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.callError(); err != nil {
+		return nil, err
+	}
+	return &weftv1.SyncFileResponse{}, nil
+}

@@ -1,0 +1,197 @@
+// Package wire is weft's lean data-path protocol: chunk reads, writes and
+// syncs (the requests that move bulk data, or come with every write) over
+// plain TCP with small fixed binary headers, instead of gRPC.
+//
+// A connection starts with an 8-byte preface ("weftwir1") from the client,
+// echoed by the server. Then both sides send frames:
+//
+//	header (24 bytes, little endian)
+//	  op          u8   request op, or opResponse
+//	  version     u8   frameVersion
+//	  metaLen     u16  bytes of op-specific fields after the header
+//	  payloadLen  u32  bytes of bulk data after the fields
+//	  id          u64  request id, chosen by the client; the answer has the same
+//	  timeoutMs   u32  requests: the caller's remaining deadline (0: none)
+//	  reserved    u32
+//	fields (metaLen bytes: fixed little-endian fields per op)
+//	payload (payloadLen bytes: the data written, or read)
+//
+// Many requests are in flight on a connection at once (pipelined); the
+// server answers each as soon as it is done, in any order. A client that
+// gives up on a request (context done) sends opCancel with the same id,
+// which cancels the server's context for it. Payloads are received
+// straight into the destination buffer (pooled on the server, the caller's
+// on the client) and sent with writev (net.Buffers), so bulk data is
+// never copied by the protocol.
+//
+// Errors travel as a gRPC status code, message and errno (the same as
+// package fserr puts into gRPC statuses), and the client returns them as
+// the gRPC client would: retry logic written for gRPC works unchanged. A
+// broken connection fails every request in flight on it with Unavailable.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Ops of a frame.
+const (
+	opWriteChunk uint8 = 1
+	opReadChunk  uint8 = 2
+	opSyncFile   uint8 = 3
+	opCancel     uint8 = 4
+	opResponse   uint8 = 0x80
+)
+
+const (
+	frameVersion = 1
+	headerLen    = 24
+	// MaxPayload bounds one frame's payload: a 64 MiB chunk and more.
+	MaxPayload = 80 << 20
+	maxMeta    = 64 << 10
+)
+
+// preface opens a connection in both directions.
+var preface = [8]byte{'w', 'e', 'f', 't', 'w', 'i', 'r', '1'}
+
+// Fixed sizes of the op fields.
+const (
+	writeMetaLen = 64
+	readMetaLen  = 48
+	syncMetaLen  = 40
+	respMetaMin  = 12 // code, errno, flags; then the message
+)
+
+// Flags of requests and responses.
+const (
+	flagSync      = 1 << 0 // write: fdatasync before answering
+	flagForwarded = 1 << 1 // write, sync: from the previous chain member
+	flagNeedFull  = 1 << 0 // response to a write: need_full_chunk
+)
+
+var le = binary.LittleEndian
+
+// header is a decoded frame header.
+type header struct {
+	op         uint8
+	metaLen    int
+	payloadLen int
+	id         uint64
+	timeoutMs  uint32
+}
+
+func (h header) put(b []byte) {
+	b[0] = h.op
+	b[1] = frameVersion
+	le.PutUint16(b[2:], uint16(h.metaLen))
+	le.PutUint32(b[4:], uint32(h.payloadLen))
+	le.PutUint64(b[8:], h.id)
+	le.PutUint32(b[16:], h.timeoutMs)
+	le.PutUint32(b[20:], 0)
+}
+
+// errProtocol marks a malformed frame: the connection cannot go on.
+var errProtocol = errors.New("wire protocol error")
+
+func parseHeader(b []byte) (header, error) {
+	h := header{op: b[0], metaLen: int(le.Uint16(b[2:])), payloadLen: int(le.Uint32(b[4:])),
+		id: le.Uint64(b[8:]), timeoutMs: le.Uint32(b[16:])}
+	if b[1] != frameVersion {
+		return h, fmt.Errorf("%w: frame version %d, this side speaks %d (mixed weft versions?)", errProtocol, b[1], frameVersion)
+	}
+	if h.payloadLen > MaxPayload {
+		return h, fmt.Errorf("%w: payload of %d bytes exceeds %d", errProtocol, h.payloadLen, MaxPayload)
+	}
+	return h, nil
+}
+
+// readFull reads exactly len(b) bytes.
+func readFull(r io.Reader, b []byte) error {
+	_, err := io.ReadFull(r, b)
+	return err
+}
+
+func putWrite(b []byte, r *weftv1.WriteChunkRequest) {
+	le.PutUint64(b[0:], r.GetChunk().GetIno())
+	le.PutUint64(b[8:], r.GetChunk().GetIndex())
+	le.PutUint64(b[16:], r.GetChainId())
+	le.PutUint64(b[24:], r.GetChainVersion())
+	le.PutUint64(b[32:], r.GetOffset())
+	le.PutUint64(b[40:], r.GetChunkVersion())
+	le.PutUint64(b[48:], r.GetTargetId())
+	le.PutUint32(b[56:], r.GetChunkSize())
+	var f uint32
+	if r.GetSync() {
+		f |= flagSync
+	}
+	if r.GetForwarded() {
+		f |= flagForwarded
+	}
+	le.PutUint32(b[60:], f)
+}
+
+func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
+	f := le.Uint32(b[60:])
+	return &weftv1.WriteChunkRequest{
+		Chunk:   &weftv1.ChunkID{Ino: le.Uint64(b[0:]), Index: le.Uint64(b[8:])},
+		ChainId: le.Uint64(b[16:]), ChainVersion: le.Uint64(b[24:]), Offset: le.Uint64(b[32:]),
+		ChunkVersion: le.Uint64(b[40:]), TargetId: le.Uint64(b[48:]), ChunkSize: le.Uint32(b[56:]),
+		Sync: f&flagSync != 0, Forwarded: f&flagForwarded != 0, Data: data,
+	}
+}
+
+func putRead(b []byte, r *weftv1.ReadChunkRequest) {
+	le.PutUint64(b[0:], r.GetChunk().GetIno())
+	le.PutUint64(b[8:], r.GetChunk().GetIndex())
+	le.PutUint64(b[16:], r.GetChainId())
+	le.PutUint64(b[24:], r.GetChainVersion())
+	le.PutUint64(b[32:], r.GetOffset())
+	le.PutUint32(b[40:], r.GetLength())
+	le.PutUint32(b[44:], 0)
+}
+
+func getRead(b []byte) *weftv1.ReadChunkRequest {
+	return &weftv1.ReadChunkRequest{
+		Chunk:   &weftv1.ChunkID{Ino: le.Uint64(b[0:]), Index: le.Uint64(b[8:])},
+		ChainId: le.Uint64(b[16:]), ChainVersion: le.Uint64(b[24:]), Offset: le.Uint64(b[32:]),
+		Length: le.Uint32(b[40:]),
+	}
+}
+
+func putSync(b []byte, r *weftv1.SyncFileRequest) {
+	le.PutUint64(b[0:], r.GetIno())
+	le.PutUint64(b[8:], r.GetChainId())
+	le.PutUint64(b[16:], r.GetChainVersion())
+	le.PutUint64(b[24:], r.GetTargetId())
+	var f uint32
+	if r.GetForwarded() {
+		f |= flagForwarded
+	}
+	le.PutUint32(b[32:], f)
+	le.PutUint32(b[36:], 0)
+}
+
+func getSync(b []byte) *weftv1.SyncFileRequest {
+	return &weftv1.SyncFileRequest{Ino: le.Uint64(b[0:]), ChainId: le.Uint64(b[8:]), ChainVersion: le.Uint64(b[16:]),
+		TargetId: le.Uint64(b[24:]), Forwarded: le.Uint32(b[32:])&flagForwarded != 0}
+}
+
+// metaLenOf is the fixed field size of a request op, or -1.
+func metaLenOf(op uint8) int {
+	switch op {
+	case opWriteChunk:
+		return writeMetaLen
+	case opReadChunk:
+		return readMetaLen
+	case opSyncFile:
+		return syncMetaLen
+	case opCancel:
+		return 0
+	}
+	return -1
+}

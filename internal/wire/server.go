@@ -1,0 +1,322 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Handler serves the requests of the lean data path. The data server's
+// gRPC handlers are one: both paths run the same code.
+type Handler interface {
+	WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error)
+	ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error)
+	SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error)
+}
+
+// maxInFlight bounds the requests a connection runs at once; past it the
+// server stops reading the connection (TCP pushes back on the client).
+const maxInFlight = 64
+
+// Server serves Handler over the wire protocol.
+type Server struct {
+	h   Handler
+	log *slog.Logger
+
+	mu     sync.Mutex
+	lis    []net.Listener
+	conns  map[*serverConn]struct{}
+	closed bool
+	wg     sync.WaitGroup // connections' goroutines and handlers
+}
+
+// NewServer returns a server of h; log receives connection errors.
+func NewServer(h Handler, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{h: h, log: log, conns: make(map[*serverConn]struct{})}
+}
+
+// Serve accepts connections on lis until Close; it returns nil after
+// Close, else the accept error.
+func (s *Server) Serve(lis net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		lis.Close()
+		return nil
+	}
+	s.lis = append(s.lis, lis)
+	s.mu.Unlock()
+	for {
+		nc, err := lis.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("accept lean data path connections on %s: %w", lis.Addr(), err)
+		}
+		sc := &serverConn{s: s, nc: nc, cancels: make(map[uint64]context.CancelFunc), sem: make(chan struct{}, maxInFlight),
+			done: make(chan struct{})}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return nil
+		}
+		s.conns[sc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go sc.run()
+	}
+}
+
+// Close stops accepting, lets requests under way finish for up to
+// timeout, then closes every connection and waits for its goroutines.
+func (s *Server) Close(timeout time.Duration) {
+	s.mu.Lock()
+	s.closed = true
+	for _, l := range s.lis {
+		l.Close()
+	}
+	conns := make([]*serverConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for _, c := range conns {
+		c.drain(deadline)
+	}
+	s.wg.Wait()
+}
+
+// serverConn is one client connection.
+type serverConn struct {
+	s  *Server
+	nc net.Conn
+
+	wmu sync.Mutex // one frame at a time
+
+	mu      sync.Mutex
+	cancels map[uint64]context.CancelFunc // requests under way
+	sem     chan struct{}
+	running sync.WaitGroup // requests being handled
+	done    chan struct{}  // closed when the connection is finished
+}
+
+// drain waits until the connection's requests are done (or deadline),
+// then closes it.
+func (c *serverConn) drain(deadline time.Time) {
+	// No new requests: reads fail from now on, and run waits for the
+	// requests under way.
+	c.nc.SetReadDeadline(time.Now())
+	select {
+	case <-c.done:
+		return
+	case <-time.After(time.Until(deadline)):
+	}
+	c.mu.Lock()
+	for _, cancel := range c.cancels {
+		cancel()
+	}
+	c.mu.Unlock()
+	c.nc.Close()
+	<-c.done
+}
+
+func (c *serverConn) run() {
+	defer c.s.wg.Done()
+	defer func() {
+		c.running.Wait()
+		c.nc.Close()
+		c.s.mu.Lock()
+		delete(c.s.conns, c)
+		c.s.mu.Unlock()
+		close(c.done)
+	}()
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	var pre [8]byte
+	if err := readFull(br, pre[:]); err != nil {
+		return
+	}
+	if pre != preface {
+		c.s.log.Warn("lean data path: a connection did not start with the weft preface; closing it", "remote", c.nc.RemoteAddr())
+		return
+	}
+	if _, err := c.nc.Write(preface[:]); err != nil {
+		return
+	}
+	var hb [headerLen]byte
+	var meta [maxFixedMeta]byte
+	for {
+		if err := readFull(br, hb[:]); err != nil {
+			c.readFailed(err)
+			return
+		}
+		h, err := parseHeader(hb[:])
+		if err == nil && h.metaLen != metaLenOf(h.op) {
+			err = fmt.Errorf("%w: op %d with %d bytes of fields", errProtocol, h.op, h.metaLen)
+		}
+		if err == nil && h.op != opWriteChunk && h.payloadLen != 0 {
+			err = fmt.Errorf("%w: op %d with a payload", errProtocol, h.op)
+		}
+		if err != nil {
+			c.s.log.Warn("lean data path: closing a connection", "remote", c.nc.RemoteAddr(), "err", err)
+			return
+		}
+		if err := readFull(br, meta[:h.metaLen]); err != nil {
+			c.readFailed(err)
+			return
+		}
+		if h.op == opCancel {
+			c.mu.Lock()
+			if cancel := c.cancels[h.id]; cancel != nil {
+				cancel()
+			}
+			c.mu.Unlock()
+			continue
+		}
+		var payload []byte
+		if h.payloadLen > 0 {
+			payload = GetBuffer(h.payloadLen)
+			if err := readFull(br, payload); err != nil {
+				PutBuffer(payload)
+				c.readFailed(err)
+				return
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		if h.timeoutMs > 0 {
+			ctx, cancel = context.WithTimeout(context.Background(), time.Duration(h.timeoutMs)*time.Millisecond)
+		}
+		c.sem <- struct{}{}
+		c.mu.Lock()
+		c.cancels[h.id] = cancel
+		c.mu.Unlock()
+		c.running.Add(1)
+		var req any
+		switch h.op {
+		case opWriteChunk:
+			req = getWrite(meta[:], payload)
+		case opReadChunk:
+			req = getRead(meta[:])
+		case opSyncFile:
+			req = getSync(meta[:])
+		}
+		go c.handle(ctx, cancel, h, req, payload)
+	}
+}
+
+// maxFixedMeta is the largest request field block.
+const maxFixedMeta = writeMetaLen
+
+func (c *serverConn) readFailed(err error) {
+	if err == io.EOF || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return // drained on shutdown
+	}
+	c.s.log.Debug("lean data path: connection read failed", "remote", c.nc.RemoteAddr(), "err", err)
+}
+
+// handle runs one request and sends its answer.
+func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h header, req any, payload []byte) {
+	defer func() {
+		c.mu.Lock()
+		delete(c.cancels, h.id)
+		c.mu.Unlock()
+		cancel()
+		<-c.sem
+		c.running.Done()
+	}()
+	var (
+		err   error
+		flags uint32
+		data  []byte
+	)
+	switch r := req.(type) {
+	case *weftv1.WriteChunkRequest:
+		var resp *weftv1.WriteChunkResponse
+		resp, err = c.s.h.WriteChunk(ctx, r)
+		if resp.GetNeedFullChunk() {
+			flags |= flagNeedFull
+		}
+		// Nothing holds the request's data once the handler returned
+		// (forwards have been sent).
+		PutBuffer(payload)
+	case *weftv1.ReadChunkRequest:
+		var resp *weftv1.ReadChunkResponse
+		resp, err = c.s.h.ReadChunk(ctx, r)
+		data = resp.GetData()
+	case *weftv1.SyncFileRequest:
+		_, err = c.s.h.SyncFile(ctx, r)
+	}
+	c.respond(h.id, err, flags, data)
+}
+
+// respond sends the answer to request id.
+func (c *serverConn) respond(id uint64, err error, flags uint32, data []byte) {
+	var code, errno uint32
+	var msg string
+	if err != nil {
+		err = fserr.ToStatus(err)
+		st := status.Convert(err)
+		code, msg = uint32(st.Code()), st.Message()
+		if e, ok := fserr.Errno(err); ok {
+			errno = uint32(e)
+		}
+		data = nil
+	}
+	if len(msg) > maxMeta-respMetaMin {
+		msg = msg[:maxMeta-respMetaMin]
+	}
+	var small [headerLen + respMetaMin + 128]byte
+	var buf []byte
+	if n := headerLen + respMetaMin + len(msg); n <= len(small) {
+		buf = small[:n]
+	} else {
+		buf = make([]byte, n)
+	}
+	header{op: opResponse, metaLen: respMetaMin + len(msg), payloadLen: len(data), id: id}.put(buf)
+	m := buf[headerLen:]
+	le.PutUint32(m[0:], code)
+	le.PutUint32(m[4:], errno)
+	le.PutUint32(m[8:], flags)
+	copy(m[12:], msg)
+	c.wmu.Lock()
+	var werr error
+	if len(data) == 0 {
+		_, werr = c.nc.Write(buf)
+	} else {
+		bufs := net.Buffers{buf, data}
+		_, werr = bufs.WriteTo(c.nc)
+	}
+	c.wmu.Unlock()
+	if werr != nil {
+		// The client is gone or the connection broke: the reader sees it.
+		c.nc.Close()
+	}
+}

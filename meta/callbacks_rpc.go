@@ -1,0 +1,164 @@
+package meta
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// SessionHeader is the gRPC metadata key a client sets to its session id
+// on requests that carry no Caller (GetAttr), so that the meta service
+// can register its interest in what the reply caches.
+const SessionHeader = "weft-session"
+
+// requestSession is the session a request comes from: its Caller's, its
+// own session field (open, create), or the SessionHeader metadata.
+func requestSession(ctx context.Context, req any) string {
+	if r, ok := req.(interface{ GetCaller() *weftv1.Caller }); ok {
+		if s := r.GetCaller().GetSession(); s != "" {
+			return s
+		}
+	}
+	if r, ok := req.(interface{ GetSession() string }); ok {
+		if s := r.GetSession(); s != "" {
+			return s
+		}
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(SessionHeader); len(v) > 0 {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// interestBefore lists the inodes a request will read that its reply lets
+// the client cache and that are known before it runs: they are registered
+// before the read, so no change can slip in between.
+func interestBefore(req any) []uint64 {
+	switch r := req.(type) {
+	case *weftv1.LookupRequest:
+		return []uint64{r.Parent} // its names, also missing ones
+	case *weftv1.GetAttrRequest:
+		return []uint64{r.Ino}
+	case *weftv1.SetAttrRequest:
+		return []uint64{r.Ino}
+	case *weftv1.CreateRequest:
+		return []uint64{r.Parent}
+	case *weftv1.MkdirRequest:
+		return []uint64{r.Parent}
+	case *weftv1.SymlinkRequest:
+		return []uint64{r.Parent}
+	case *weftv1.LinkRequest:
+		return []uint64{r.Ino, r.NewParent}
+	case *weftv1.ReadDirRequest:
+		return []uint64{r.Ino}
+	case *weftv1.OpenRequest:
+		return []uint64{r.Ino}
+	case *weftv1.CommitWriteRequest:
+		return []uint64{r.Ino}
+	}
+	return nil
+}
+
+// interestAfter lists the inodes a reply lets the client cache that were
+// not known before the request ran.
+func interestAfter(resp any) []uint64 {
+	switch r := resp.(type) {
+	case *weftv1.AttrResponse:
+		return []uint64{r.GetAttr().GetIno()}
+	case *weftv1.CreateResponse:
+		return []uint64{r.GetAttr().GetIno()}
+	case *weftv1.ReadDirResponse:
+		var inos []uint64
+		for _, e := range r.Entries {
+			if e.Attr != nil {
+				inos = append(inos, e.Ino)
+			}
+		}
+		return inos
+	}
+	return nil
+}
+
+// callbackInterceptor registers, for requests of a session, the session's
+// interest in what the reply lets it cache, and marks the request's
+// context with its session so that the changes it makes are not called
+// back to it.
+func (s *Service) callbackInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	sess := requestSession(ctx, req)
+	if sess == "" {
+		return handler(ctx, req)
+	}
+	if strings.HasSuffix(info.FullMethod, "/CloseSession") {
+		resp, err := handler(ctx, req)
+		if err == nil {
+			s.cb.endSession(sess)
+		}
+		return resp, err
+	}
+	before := interestBefore(req)
+	s.cb.register(sess, 0, before...)
+	mark := s.cb.mark()
+	resp, err := handler(withOrigin(ctx, sess), req)
+	if err == nil {
+		s.cb.register(sess, mark, interestAfter(resp)...)
+	}
+	return resp, err
+}
+
+// Watch streams the callbacks of a session: Invalidation messages naming
+// the inodes and entries it cached that changed, batched (what piles up
+// while one is sent goes in the next). The first message is always
+// Invalidation.all (what was cached before the stream may have changed
+// unseen); a client that falls too far behind gets Invalidation.all
+// instead of a growing queue. A new stream of the same session replaces
+// the older one, which ends.
+func (s *Service) Watch(req *weftv1.WatchRequest, stream grpc.ServerStreamingServer[weftv1.Invalidation]) error {
+	if req.Session == "" {
+		return status.Error(codes.InvalidArgument, "watch: no session given")
+	}
+	cs, gen := s.cb.attach(req.Session)
+	defer s.cb.detach(cs, gen)
+	ctx := stream.Context()
+	for {
+		select {
+		case <-cs.wake:
+		case <-ctx.Done():
+			return nil
+		case <-s.cb.done:
+			return status.Error(codes.Unavailable, "meta service stopping")
+		}
+		inv, ok := s.cb.take(cs, gen)
+		if !ok {
+			return status.Error(codes.Aborted, "watch: replaced by a newer stream of the session")
+		}
+		if inv == nil {
+			continue
+		}
+		if err := stream.Send(inv); err != nil {
+			return err
+		}
+		s.cb.sent.Add(1)
+	}
+}
+
+// Forget drops a session's interest in inodes its client no longer caches.
+func (s *Service) Forget(_ context.Context, req *weftv1.ForgetRequest) (*weftv1.ForgetResponse, error) {
+	s.cb.forget(req.Session, req.Inodes)
+	return &weftv1.ForgetResponse{}, nil
+}
+
+// CallbackStats reports the callback state: sessions known, (session,
+// inode) interests held, changes published, Invalidation messages sent
+// and how many of them were Invalidation.all.
+func (s *Service) CallbackStats() (sessions, interests int, published, sent, alls uint64) {
+	sessions, interests = s.cb.stats()
+	return sessions, interests, s.cb.published.Load(), s.cb.sent.Load(), s.cb.alls.Load()
+}

@@ -1,0 +1,210 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-fs/weft/client"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// mountWith mounts the cluster with a client of its own and opts, and
+// waits until its callback stream is live (with callbacks on).
+func mountWith(t *testing.T, tc *testCluster, opts Options) (string, *client.Client, *FS) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := client.New(context.Background(), client.Config{MetaAddr: tc.metaAddr, MountPoint: "test", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	m, err := Mount(c, dir, opts)
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var err error
+		for range 50 {
+			if err = m.Unmount(); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("unmount %s: %v", dir, err)
+		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+	})
+	if !opts.NoCallbacks {
+		eventually(t, "callback stream live", func() error {
+			if !c.CallbacksLive() {
+				return errors.New("not live")
+			}
+			return nil
+		})
+	}
+	return dir, c, m
+}
+
+// eventually polls cond until it returns nil, failing the test after a
+// few seconds: far below the mount's attribute and entry timeouts, so
+// only a callback can make it pass.
+func eventually(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %v after 5s", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCallbacksAcrossMounts changes things on mount A and checks that
+// mount B, which cached them with timeouts of 10 minutes, sees each change
+// within seconds: only a callback can explain it.
+func TestCallbacksAcrossMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root here")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no FUSE: %v", err)
+	}
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2, Replicas: 1}, 2)
+	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
+	a, _, _ := mountWith(t, tc, long)
+	b, cb, mb := mountWith(t, tc, long)
+	pa := func(n string) string { return filepath.Join(a, n) }
+	pb := func(n string) string { return filepath.Join(b, n) }
+	stat := func(p string) (os.FileInfo, error) { return os.Stat(p) }
+
+	// B caches "f" as missing (a negative entry).
+	if _, err := stat(pb("f")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat f on B before it exists: %v", err)
+	}
+	t.Run("create", func(t *testing.T) {
+		if err := os.WriteFile(pa("f"), []byte("12345"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "f created on A seen on B", func() error {
+			_, err := stat(pb("f"))
+			return err
+		})
+	})
+	t.Run("chmod", func(t *testing.T) {
+		if st, err := stat(pb("f")); err != nil || st.Mode().Perm() != 0o644 {
+			t.Fatalf("B: %v %v", st, err)
+		}
+		if err := os.Chmod(pa("f"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "chmod on A seen on B", func() error {
+			st, err := stat(pb("f"))
+			if err == nil && st.Mode().Perm() != 0o600 {
+				err = errors.New("mode " + st.Mode().String())
+			}
+			return err
+		})
+	})
+	t.Run("write size", func(t *testing.T) {
+		if st, err := stat(pb("f")); err != nil || st.Size() != 5 {
+			t.Fatalf("B: %v %v", st, err)
+		}
+		f, err := os.OpenFile(pa("f"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "write on A seen on B", func() error {
+			st, err := stat(pb("f"))
+			if err == nil && st.Size() != 1005 {
+				err = errors.New("size " + st.Name())
+			}
+			return err
+		})
+		// Close-to-open: the data too.
+		got, err := os.ReadFile(pb("f"))
+		if err != nil || len(got) != 1005 || string(got[:5]) != "12345" {
+			t.Errorf("B reads %d bytes, %v", len(got), err)
+		}
+	})
+	t.Run("rename", func(t *testing.T) {
+		if _, err := stat(pb("g")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("stat g on B: %v", err)
+		}
+		if err := os.Rename(pa("f"), pa("g")); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "rename on A seen on B", func() error {
+			if _, err := stat(pb("f")); !errors.Is(err, os.ErrNotExist) {
+				return errors.New("old name still there")
+			}
+			_, err := stat(pb("g"))
+			return err
+		})
+	})
+	t.Run("mkdir and list", func(t *testing.T) {
+		if err := os.Mkdir(pa("d"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "mkdir on A listed on B", func() error {
+			ents, err := os.ReadDir(b)
+			if err == nil && len(ents) != 2 {
+				err = errors.New("listing lacks d")
+			}
+			return err
+		})
+	})
+	t.Run("unlink", func(t *testing.T) {
+		if _, err := stat(pb("g")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(pa("g")); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "unlink on A seen on B", func() error {
+			if _, err := stat(pb("g")); !errors.Is(err, os.ErrNotExist) {
+				return errors.New("still there")
+			}
+			return nil
+		})
+	})
+	if ino, ent, _ := mb.NotifyCounts(); ino == 0 || ent == 0 {
+		t.Errorf("B sent %d inode and %d entry notifications", ino, ent)
+	}
+
+	// Cached metadata reads send nothing to the meta service.
+	t.Run("cached stat makes no call", func(t *testing.T) {
+		if err := os.WriteFile(pa("h"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "h on B", func() error { _, err := stat(pb("h")); return err })
+		before := cb.MetaCalls()
+		for range 1000 {
+			if _, err := stat(pb("h")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stat(pb("missing")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+		}
+		// The negative entry of "missing" may have cost one lookup.
+		if n := cb.MetaCalls() - before; n > 1 {
+			t.Errorf("2000 cached stats made %d meta calls", n)
+		}
+	})
+}
