@@ -52,6 +52,9 @@ var idempotent = map[string]bool{
 	"Lookup": true, "GetAttr": true, "Readlink": true, "ReadDir": true, "Access": true, "StatFS": true,
 	"GetXattr": true, "ListXattr": true, "GetLayout": true, "GetChains": true, "Status": true,
 	"OpenSession": true, "RenewSession": true, "CloseSession": true, "GetLock": true,
+	// Taking or releasing the same lock again for the same owner leaves
+	// the same locks: a lock request may be resent too.
+	"SetLock": true,
 }
 
 // metaConn is the connection to the meta service as the Client uses it,

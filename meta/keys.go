@@ -42,6 +42,11 @@ import (
 //	                                   (fcntl) or 'f' flock (see locks_store.go)
 //	n/lks/<session id>/<ino>           number of the session's lock records on   setlock, session end
 //	                                   ino (be64): index of a session's locks
+//	n/rq/<request id>                  applied namespace request (expiry), so a  mutations from clients with
+//	                                   resent one is applied once (ha_requests)  several meta servers
+//	n/cbw                              id of the meta server of the last write   every update (etcd engine)
+//	                                   (lets callbacks skip a server's own
+//	                                   changes; nobody reads it)
 //
 // An inode record exists exactly as long as the inode is reachable from a
 // dentry or is an orphan; a regular file's record is removed in the

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -154,6 +155,11 @@ func TestHAManagerElection(t *testing.T) {
 			code, out, errOut := runWeft(t, "status", "--meta", c.addrs())
 			if code != 0 || !strings.Contains(out, "manager") {
 				t.Errorf("weft status: exit %d, no manager shown:\n%s%s", code, out, errOut)
+			}
+			code, out, errOut = runWeft(t, "status", "--json", "--meta", c.addrs())
+			var js statusJSON
+			if err := json.Unmarshal([]byte(out), &js); code != 0 || err != nil || len(js.MetaServers) != n {
+				t.Errorf("weft status --json: exit %d, %d meta servers listed (want %d):\n%s%s", code, len(js.MetaServers), n, out, errOut)
 			}
 
 			// A client given one meta address learns the others.

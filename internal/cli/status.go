@@ -247,6 +247,8 @@ type statusJSON struct {
 	ChainList []chainJSON `json:"chain_list"`
 	// SessionList lists the clients (statussessions.go).
 	SessionList []sessionJSON `json:"session_list"`
+	// MetaServers lists the live meta servers (statusmeta.go).
+	MetaServers []metaServerJSON `json:"meta_servers"`
 }
 
 type chainSummaryJSON struct {
@@ -323,7 +325,7 @@ func writeStatusJSON(w io.Writer, addr string, st *weftv1.StatusResponse) error 
 		DefaultLayout:  toLayoutJSON(st.GetDefaultLayout()),
 		ChainSummaries: []chainSummaryJSON{}, SyncBytesLeft: st.GetSyncBytesLeft(), SyncETAMs: st.GetSyncEtaMs(),
 		Warnings: append([]string{}, st.GetWarnings()...), ChainList: []chainJSON{},
-		SessionList: toSessionJSON(st),
+		SessionList: toSessionJSON(st), MetaServers: toMetaServerJSON(st),
 	}
 	out.Health, out.HealthReasons = clusterHealth(st)
 	if out.HealthReasons == nil {

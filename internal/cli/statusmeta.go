@@ -72,3 +72,21 @@ func writeMetaServers(w io.Writer, st *weftv1.StatusResponse) {
 		fmt.Fprintln(w, line)
 	}
 }
+
+// metaServerJSON is one meta server in weft status --json.
+type metaServerJSON struct {
+	ID         string `json:"id"`
+	Address    string `json:"address"`
+	Manager    bool   `json:"manager"`
+	LastSeenMs int64  `json:"last_seen_ms"`
+	Version    string `json:"version,omitempty"`
+}
+
+func toMetaServerJSON(st *weftv1.StatusResponse) []metaServerJSON {
+	out := []metaServerJSON{}
+	for _, m := range st.GetMetaServers() {
+		out = append(out, metaServerJSON{ID: m.GetId(), Address: m.GetAddress(), Manager: m.GetManager(),
+			LastSeenMs: m.GetLastSeenMs(), Version: m.GetVersion()})
+	}
+	return out
+}
