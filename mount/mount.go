@@ -104,7 +104,7 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		AllowOther:           opts.AllowOther,
 		MaxWrite:             maxWrite,
 		MaxBackground:        64,
-		MaxReadAhead:         4 << 20, // the kernel's read-ahead on sequential reads
+		MaxReadAhead:         4 << 20, // a ceiling: the kernel offers FUSE its default (128 KiB) and this cannot raise it
 		DisableSplice:        true,    // replies are bytes: splicing them costs 3 syscalls per read for nothing
 		FsName:               opts.FsName,
 		Name:                 "weft",
