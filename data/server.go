@@ -75,6 +75,9 @@ type Server struct {
 	wireAddr    string        // advertised lean data path address; "" if off
 	stats       []targetStats // by position in store.Targets()
 
+	wireIDOnce sync.Once
+	wireID     string // identity on the lean data path's Unix socket
+
 	mu         sync.RWMutex
 	serverID   uint64   // meta's id of this server, from registration
 	targetIDs  []uint64 // meta's ids of store.Targets(), by position

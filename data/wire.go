@@ -38,9 +38,11 @@ func (s *Server) listenWire(lis net.Listener) (net.Listener, string, error) {
 		return nil, "", fmt.Errorf("lean data path: listen on %s (set another --wire-listen address, or off): %w", addr, err)
 	}
 	if s.cfg.WireAdvertise != "" {
-		return wl, s.cfg.WireAdvertise, nil
+		wl, a := s.withUnix(wl, s.cfg.WireAdvertise)
+		return wl, a, nil
 	}
-	return wl, s.advertiseAddr(wl), nil
+	wl, a := s.withUnix(wl, s.advertiseAddr(wl))
+	return wl, a, nil
 }
 
 // WireAddr is the lean data path address the server reports to the meta

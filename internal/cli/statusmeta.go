@@ -62,7 +62,11 @@ func writeMetaServers(w io.Writer, st *weftv1.StatusResponse) {
 		if m.GetManager() {
 			role = "manager"
 		}
-		line := fmt.Sprintf("  %-12s  %-21s  %-8s", m.GetId(), m.GetAddress(), role)
+		id := m.GetId()
+		if id == "" {
+			id = "-" // the embedded engine's single meta server
+		}
+		line := fmt.Sprintf("  %-12s  %-21s  %-8s", id, m.GetAddress(), role)
 		if v := m.GetVersion(); v != "" {
 			line += "  version " + v
 		}

@@ -30,9 +30,12 @@ const dialTimeout = 2 * time.Second
 // carrying many requests at once. Connections are made on first use and
 // again after one breaks. Its methods may be called concurrently.
 type Client struct {
-	addr  string
-	next  atomic.Uint32
-	calls atomic.Uint64
+	addr      string
+	a         Addr
+	next      atomic.Uint32
+	calls     atomic.Uint64
+	unixOff   atomic.Bool // the Unix socket is not this server's
+	unixConns atomic.Uint64
 
 	mu     sync.Mutex
 	slots  []*clientConn // nil: not connected
@@ -41,16 +44,16 @@ type Client struct {
 }
 
 // NewClient returns a client of the data server whose lean data path
-// listens on addr, with conns connections (DefaultConns if <= 0). Nothing
-// is dialed until the first request.
+// listens on addr (the text form of an Addr), with conns connections
+// (DefaultConns if <= 0). Nothing is dialed until the first request.
 func NewClient(addr string, conns int) *Client {
 	if conns <= 0 {
 		conns = DefaultConns
 	}
-	return &Client{addr: addr, slots: make([]*clientConn, conns), dialMu: make([]sync.Mutex, conns)}
+	return &Client{addr: addr, a: ParseAddr(addr), slots: make([]*clientConn, conns), dialMu: make([]sync.Mutex, conns)}
 }
 
-// Addr is the server address.
+// Addr is the server address as given to NewClient.
 func (c *Client) Addr() string { return c.addr }
 
 // Calls is the number of requests sent so far.
@@ -78,7 +81,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	cc, closed := c.slots[i], c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.addr)
+		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.a.TCP)
 	}
 	if cc != nil && !cc.broken() {
 		return cc, nil
@@ -91,7 +94,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	if cc != nil && !cc.broken() {
 		return cc, nil
 	}
-	cc, err := dial(ctx, c.addr)
+	cc, err := c.dialAddr(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +102,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	if c.closed {
 		c.mu.Unlock()
 		cc.fail(errors.New("client closed"))
-		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.addr)
+		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.a.TCP)
 	}
 	c.slots[i] = cc
 	c.mu.Unlock()
@@ -160,9 +163,15 @@ func dial(ctx context.Context, addr string) (*clientConn, error) {
 		return nil, status.Errorf(codes.Unavailable, "connect to data server %s (lean data path): %v", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
+	return newClientConn(addr, nc), nil
+}
+
+// newClientConn starts receiving answers on nc, connected and past the
+// preface.
+func newClientConn(addr string, nc net.Conn) *clientConn {
 	cc := &clientConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), pending: make(map[uint64]*call)}
 	go cc.readLoop()
-	return cc, nil
+	return cc
 }
 
 func (cc *clientConn) broken() bool { return cc.dead.Load() }

@@ -160,11 +160,17 @@ func (c *serverConn) run() {
 	if err := readFull(br, pre[:]); err != nil {
 		return
 	}
-	if pre != preface {
+	switch pre {
+	case preface:
+		if _, err := c.nc.Write(preface[:]); err != nil {
+			return
+		}
+	case prefaceID:
+		if _, err := c.nc.Write(c.s.identityPreface()); err != nil {
+			return
+		}
+	default:
 		c.s.log.Warn("lean data path: a connection did not start with the weft preface; closing it", "remote", c.nc.RemoteAddr())
-		return
-	}
-	if _, err := c.nc.Write(preface[:]); err != nil {
 		return
 	}
 	var hb [headerLen]byte
@@ -226,6 +232,21 @@ func (c *serverConn) run() {
 		}
 		go c.handle(ctx, cancel, h, req, payload)
 	}
+}
+
+// identityPreface is the answer to prefaceID: the preface, the length of
+// the handler's identity and the identity.
+func (s *Server) identityPreface() []byte {
+	var id string
+	if h, ok := s.h.(Identified); ok {
+		id = h.WireIdentity()
+	}
+	id = id[:min(len(id), maxIdentity)]
+	b := make([]byte, 10+len(id))
+	copy(b, prefaceID[:])
+	le.PutUint16(b[8:], uint16(len(id)))
+	copy(b[10:], id)
+	return b
 }
 
 // maxFixedMeta is the largest request field block.
