@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"sync/atomic"
 
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -70,6 +72,8 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 	for _, w := range in.ra {
 		if w.s != lru {
 			keep = append(keep, w)
+		} else {
+			w.release()
 		}
 	}
 	clear(in.ra[len(keep):])
@@ -78,7 +82,11 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 	return lru
 }
 
-// raWindow is one fetched (or being fetched) piece of a chunk.
+// raWindow is one fetched (or being fetched) piece of a chunk. Its
+// buffer comes from the lean data path's pool (not zeroed: the fetch fills
+// all of it) and goes back there when the last reference is dropped: the
+// inode's list of windows holds one, the fetch one until it is done, and
+// every reader copying out of it one.
 type raWindow struct {
 	s    *raStream
 	idx  uint64 // chunk index
@@ -87,6 +95,16 @@ type raWindow struct {
 	data []byte // set when done
 	done chan struct{}
 	err  error
+	buf  []byte // the pooled buffer (data, or unused after an error)
+	refs atomic.Int32
+}
+
+// release drops a reference to w, giving its buffer back with the last.
+func (w *raWindow) release() {
+	if w.refs.Add(-1) == 0 && w.buf != nil {
+		wire.PutBuffer(w.buf)
+		w.buf, w.data = nil, nil
+	}
 }
 
 // raWindowFor returns the window of a stream that has read seq bytes,
@@ -142,6 +160,9 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 // dropReadAheadLocked forgets every window and the stream (after a write,
 // a truncate, or at open: what the data servers hold may have changed).
 func (in *inode) dropReadAheadLocked() {
+	for _, w := range in.ra {
+		w.release()
+	}
 	in.ra = nil
 	in.raState = raState{maxWindow: in.raState.maxWindow}
 }
@@ -164,13 +185,22 @@ func (in *inode) maxWindowsLocked(layout *weftv1.Layout) int {
 // fetchLocked starts fetching the window [off, end) of chunk idx.
 func (in *inode) fetchLocked(layout *weftv1.Layout, st *raStream, idx, off, end uint64) {
 	w := &raWindow{s: st, idx: idx, off: off, n: end - off, done: make(chan struct{})}
+	w.refs.Store(2) // the list's and the fetch's
 	if len(in.ra) >= in.maxWindowsLocked(layout) {
+		in.ra[0].release()
 		in.ra = in.ra[1:]
 	}
 	in.ra = append(in.ra, w)
 	go func() {
-		w.data, w.err = in.c.fetchChunk(in.c.bg, in.ino, layout, idx, off, int(end-off))
+		buf := wire.GetBuffer(int(end - off))
+		err := in.c.readChunk(in.c.bg, in.ino, layout, idx, off, buf)
+		w.buf = buf
+		if err == nil {
+			w.data = buf
+		}
+		w.err = err
 		close(w.done)
+		w.release()
 	}()
 }
 
@@ -200,6 +230,7 @@ func (in *inode) dropWindowLocked(w *raWindow) {
 	for i, x := range in.ra {
 		if x == w {
 			in.ra = append(in.ra[:i], in.ra[i+1:]...)
+			w.release()
 			return
 		}
 	}
@@ -210,8 +241,16 @@ func (in *inode) dropWindowLocked(w *raWindow) {
 func (in *inode) readPiece(ctx context.Context, layout *weftv1.Layout, s span, dst []byte) error {
 	in.mu.Lock()
 	ws := in.windowsForLocked(s.index, s.off, s.n)
+	for _, w := range ws {
+		w.refs.Add(1)
+	}
 	in.mu.Unlock()
 	if ws != nil {
+		defer func() {
+			for _, w := range ws {
+				w.release()
+			}
+		}()
 		ok := true
 		for _, w := range ws {
 			select {

@@ -193,21 +193,6 @@ func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, id
 	})
 }
 
-// fetchChunk is readChunk into a buffer of its own of n bytes: the
-// received buffer itself when the server sent all n (no copy).
-func (c *Client) fetchChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int) ([]byte, error) {
-	var out []byte
-	err := c.readChunkTo(ctx, ino, l, idx, off, n, nil, func(data []byte) {
-		if len(data) == n {
-			out = data
-			return
-		}
-		out = make([]byte, n)
-		copy(out, data)
-	})
-	return out, err
-}
-
 // readChunkTo reads n bytes of chunk idx at offset off and hands what the
 // server sent (perhaps shorter: the rest reads as zeros) to sink, which
 // may keep it. With dst (n bytes) the data may be received into dst.

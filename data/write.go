@@ -181,17 +181,8 @@ func (s *Server) PushChunk(ctx context.Context, req *weftv1.PushChunkRequest) (*
 // answers EIO (the client reads another replica) and starts a repair of
 // this copy from a serving peer.
 func (s *Server) ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error) {
-	m, err := s.member(req.GetChainId(), req.GetChainVersion(), 0, roleRead)
+	data, _, err := s.readChunk(req, nil)
 	if err != nil {
-		return nil, err
-	}
-	id, err := chunkID(req.GetChunk())
-	if err != nil {
-		return nil, err
-	}
-	data, err := m.target.Read(id, int64(req.GetOffset()), int(req.GetLength()))
-	if err != nil {
-		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
 	return &weftv1.ReadChunkResponse{Data: data}, nil

@@ -351,31 +351,45 @@ func (t *Target) corrupt(e *CorruptionError) error {
 // as zeros. A checksum mismatch fails with a *CorruptionError (wrapping
 // syscall.EIO), never with wrong data.
 func (t *Target) Read(id ID, off int64, length int) ([]byte, error) {
+	data, _, err := t.ReadInto(id, off, length, nil)
+	return data, err
+}
+
+// ReadInto is Read into a buffer of alloc (which need not be zeroed; nil:
+// a new one): data is the part of buf asked for. Only the blocks the range
+// touches are read and verified. buf is nil when nothing was read; else
+// the caller owns it (and may give it back to where alloc took it from)
+// even when err is set.
+func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte) (data, buf []byte, err error) {
 	if err := checkRange(id, off, length, MaxChunkSize); err != nil {
-		return nil, fmt.Errorf("read from target %s: %w", t.dir, err)
+		return nil, nil, fmt.Errorf("read from target %s: %w", t.dir, err)
 	}
 	if length == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	defer t.chunkLocks.lock(id, false)()
 	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer t.store.files.release(f)
 	if err := t.check(f); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if off >= f.size {
-		return nil, nil
+		return nil, nil, nil
 	}
 	end := min(off+int64(length), f.size)
 	first := off / BlockSize
 	alignedStart := first * BlockSize
 	alignedEnd := min(((end-1)/BlockSize+1)*BlockSize, f.size)
-	buf := make([]byte, alignedEnd-alignedStart)
-	if err := t.readBlocks(f, id, buf, first); err != nil {
-		return nil, err
+	if alloc == nil {
+		buf = make([]byte, alignedEnd-alignedStart)
+	} else {
+		buf = alloc(int(alignedEnd - alignedStart))
 	}
-	return buf[off-alignedStart : end-alignedStart], nil
+	if err := t.readBlocks(f, id, buf, first); err != nil {
+		return nil, buf, err
+	}
+	return buf[off-alignedStart : end-alignedStart], buf, nil
 }

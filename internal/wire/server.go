@@ -25,6 +25,13 @@ type Handler interface {
 	SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error)
 }
 
+// PooledReader is implemented by a Handler that can read into a buffer
+// of the pool (GetBuffer) instead of a new, zeroed one: the server gives
+// buf back with PutBuffer once the answer is sent.
+type PooledReader interface {
+	ReadChunkPooled(ctx context.Context, req *weftv1.ReadChunkRequest) (data, buf []byte, err error)
+}
+
 // maxInFlight bounds the requests a connection runs at once; past it the
 // server stops reading the connection (TCP pushes back on the client).
 const maxInFlight = 64
@@ -155,6 +162,11 @@ func (c *serverConn) run() {
 		c.s.mu.Unlock()
 		close(c.done)
 	}()
+	if uc, ok := c.nc.(*net.UnixConn); ok {
+		// The default (about 200 KiB) makes a 1 MiB answer several
+		// round trips through the scheduler.
+		uc.SetWriteBuffer(unixBuffer)
+	}
 	br := bufio.NewReaderSize(c.nc, 64<<10)
 	var pre [8]byte
 	if err := readFull(br, pre[:]); err != nil {
@@ -289,6 +301,14 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		// (forwards have been sent).
 		PutBuffer(payload)
 	case *weftv1.ReadChunkRequest:
+		if pr, ok := c.s.h.(PooledReader); ok {
+			var buf []byte
+			data, buf, err = pr.ReadChunkPooled(ctx, r)
+			if buf != nil {
+				defer PutBuffer(buf) // after respond: deferred calls run last first
+			}
+			break
+		}
 		var resp *weftv1.ReadChunkResponse
 		resp, err = c.s.h.ReadChunk(ctx, r)
 		data = resp.GetData()

@@ -1,0 +1,34 @@
+package data
+
+import (
+	"context"
+
+	"github.com/weft-fs/weft/internal/wire"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// readChunk serves ReadChunk: data read into a buffer of alloc (nil: a
+// new one), returned as buf for the caller to give back.
+func (s *Server) readChunk(req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
+	m, err := s.member(req.GetChainId(), req.GetChainVersion(), 0, roleRead)
+	if err != nil {
+		return nil, nil, err
+	}
+	id, err := chunkID(req.GetChunk())
+	if err != nil {
+		return nil, nil, err
+	}
+	data, buf, err = m.target.ReadInto(id, int64(req.GetOffset()), int(req.GetLength()), alloc)
+	if err != nil {
+		s.noteCorrupt(m, id, err)
+		return nil, buf, err
+	}
+	return data, buf, nil
+}
+
+// ReadChunkPooled is ReadChunk into a buffer of the lean data path's pool
+// (not zeroed first), which the caller gives back with wire.PutBuffer once
+// the answer is sent.
+func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest) (data, buf []byte, err error) {
+	return s.readChunk(req, wire.GetBuffer)
+}
