@@ -50,8 +50,8 @@ type callbackState struct {
 }
 
 // MetaCalls returns how many namespace calls (lookups, getattrs, listings,
-// creates, ...) this client has sent to the meta service: a metadata read
-// answered from a cache sends none.
+// creates, opens, releases, ...) this client has sent to the meta
+// service: a metadata read answered from a cache sends none.
 func (c *Client) MetaCalls() uint64 { return c.cb.metaCalls.Load() }
 
 // countMeta counts one namespace call.
@@ -98,7 +98,7 @@ func (c *Client) watchLoop() {
 		}
 		if wasLive {
 			// Changes may go unseen from now on: drop what is cached.
-			c.cb.hook(&weftv1.Invalidation{All: true})
+			c.deliver(&weftv1.Invalidation{All: true})
 			c.log.Warn("metadata callback stream from the meta service broke; using short cache timeouts until it is back",
 				"meta", c.cfg.MetaAddr, "err", err)
 		}
@@ -145,12 +145,19 @@ func (c *Client) watchOnce() error {
 		if err != nil {
 			return err
 		}
-		c.cb.hook(inv)
+		c.deliver(inv)
 		if inv.All && !c.cb.live.Load() {
 			c.cb.live.Store(true)
 			c.log.Debug("metadata callback stream up", "session", sess)
 		}
 	}
+}
+
+// deliver applies a callback to the client's own caches, then hands it
+// to the hook.
+func (c *Client) deliver(inv *weftv1.Invalidation) {
+	c.dirs.invalidate(inv)
+	c.cb.hook(inv)
 }
 
 // withSession adds the session header to a call without a Caller when
@@ -169,6 +176,9 @@ func (c *Client) Forget(inos ...uint64) {
 	if !c.cb.on.Load() || len(inos) == 0 {
 		return
 	}
+	// The meta service stops calling back about them: a directory among
+	// them is no longer known completely.
+	c.dirs.changed(inos...)
 	c.cb.fmu.Lock()
 	c.cb.forgets = append(c.cb.forgets, inos...)
 	c.cb.pending.Add(int64(len(inos)))
@@ -240,6 +250,9 @@ func (c *Client) sendForgets() bool {
 	if err != nil && c.bg.Err() == nil {
 		c.log.Debug("forget call to the meta service failed (only extra callbacks follow)", "err", err)
 	}
+	// What was learned about them while the Forget was in flight may no
+	// longer be called back.
+	c.dirs.changed(batch...)
 	c.cb.fmu.Lock()
 	reseen := c.cb.reseen
 	c.cb.reseen = nil
@@ -250,7 +263,7 @@ func (c *Client) sendForgets() bool {
 	// dropped by it: register it again.
 	for _, ino := range reseen {
 		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
-		_, _ = c.GetAttr(ctx, ino)
+		_, _ = c.getAttr(ctx, ino)
 		cancel()
 	}
 	return true

@@ -101,7 +101,8 @@ type Client struct {
 	session   string
 	lease     time.Duration
 
-	chains chainTable
+	chains   chainTable
+	attempts attemptWatch // requests waiting for data servers
 
 	inodesMu sync.Mutex
 	inodes   map[uint64]*inode
@@ -112,7 +113,9 @@ type Client struct {
 
 	groups groupCache
 
-	cb callbackState // callbacks from the meta service (callbacks.go)
+	cb   callbackState // callbacks from the meta service (callbacks.go)
+	dirs dirCache      // directories known completely (dircache.go)
+	rel  releaser      // releases sent in the background (release.go)
 
 	bg        context.Context // background sends and session renewal
 	cancelBg  context.CancelFunc
@@ -268,6 +271,7 @@ func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		ctx := context.Background()
 		err := c.FlushAll(ctx)
+		c.drainReleases()
 		c.cancelBg()
 		c.wg.Wait()
 		err = errors.Join(err, c.closeSession(ctx))

@@ -43,6 +43,7 @@ func (f *File) Flags() uint32 { return f.flags }
 // buffered size applied.
 func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, flags uint32) (*File, *weftv1.Attr, error) {
 	sess := c.Session()
+	c.countMeta()
 	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags, Session: sess})
 	if err != nil {
 		return nil, nil, err
@@ -55,13 +56,16 @@ func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, fl
 func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode, flags uint32,
 	exclusive bool) (*File, *weftv1.Attr, error) {
 	sess := c.Session()
+	c.countMeta()
 	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
 		Caller: caller, Parent: parent, Name: name, Mode: mode | syscall.S_IFREG,
 		Exclusive: exclusive, Session: sess, OpenFlags: flags,
 	})
 	if err != nil {
+		c.noteMade(parent, name, err)
 		return nil, nil, err
 	}
+	c.noteCreated(parent, name, resp.Created, resp.Attr)
 	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
 }
 
@@ -185,8 +189,11 @@ func (f *File) Flush(ctx context.Context) error {
 // returns.
 func (f *File) Fsync(ctx context.Context) error { return f.Flush(ctx) }
 
-// Release flushes the file and closes it with the meta service. Calling
-// it again does nothing.
+// Release flushes the file (its data is durable and its length committed
+// when Release returns) and closes it with the meta service in the
+// background: the open record only keeps an unlinked file's data, and
+// its removal needs no one to wait (see README.md "Background release").
+// Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
 	if f.released.Swap(true) {
 		return nil
@@ -196,8 +203,25 @@ func (f *File) Release(ctx context.Context) error {
 		err = f.in.flush(ctx, true)
 		f.c.dropRef(f.in)
 	}
-	if _, rerr := f.c.meta.Release(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session}); rerr != nil && err == nil {
-		err = fmt.Errorf("release file %d with the meta service: %w", f.ino, rerr)
+	if rerr := f.c.releaseLater(ctx, f.ino, f.session); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// ReleaseNow is Release with the meta service's release sent before it
+// returns.
+func (f *File) ReleaseNow(ctx context.Context) error {
+	if f.released.Swap(true) {
+		return nil
+	}
+	var err error
+	if f.in != nil {
+		err = f.in.flush(ctx, true)
+		f.c.dropRef(f.in)
+	}
+	if rerr := f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session}); rerr != nil && err == nil {
+		err = rerr
 	}
 	return err
 }

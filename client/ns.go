@@ -44,23 +44,49 @@ func (c *Client) attrGen(ino uint64) uint64 {
 }
 
 // Lookup finds name in directory parent.
+//
+// A name known not to exist (the directory's contents are known
+// completely and callbacks are live, see dircache.go) is answered with
+// ENOENT without a call.
 func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) (*weftv1.Attr, error) {
+	if name != "." && name != ".." && c.knownMissing(parent, name) {
+		return nil, errKnownMissing(parent, name)
+	}
 	c.countMeta()
 	resp, err := c.meta.Lookup(ctx, &weftv1.LookupRequest{Caller: caller, Parent: parent, Name: name})
 	if err != nil {
 		return nil, err
+	}
+	if c.cb.on.Load() && c.dirs.missing(parent, name) {
+		// Made elsewhere; its callback is on the way.
+		c.dirs.changed(parent)
 	}
 	return c.overlay(resp.Attr, 0, false), nil
 }
 
 // GetAttr returns an inode's attributes, with the length and mtime of this
 // client's buffered writes applied.
+//
+// A directory's attributes known under live callbacks (see dircache.go)
+// are answered without a call.
 func (c *Client) GetAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) {
+	if a := c.cachedDirAttr(ino); a != nil {
+		return a, nil
+	}
+	return c.getAttr(ctx, ino)
+}
+
+// getAttr is GetAttr always asking the meta service.
+func (c *Client) getAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) {
 	gen := c.attrGen(ino)
+	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.GetAttr(c.withSession(ctx), &weftv1.GetAttrRequest{Ino: ino})
 	if err != nil {
 		return nil, err
+	}
+	if track {
+		c.noteDirAttr(resp.Attr, tok)
 	}
 	return c.overlay(resp.Attr, gen, true), nil
 }
@@ -95,6 +121,7 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 	}
 	c.countMeta()
 	resp, err := c.meta.SetAttr(ctx, req)
+	c.noteAttrChange(req.Ino)
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +138,7 @@ func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64
 	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
 		Caller: caller, Parent: parent, Name: name, Mode: mode, Rdev: rdev, Exclusive: true,
 	})
+	c.noteMade(parent, name, err)
 	if err != nil {
 		return nil, err
 	}
@@ -119,10 +147,16 @@ func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Mkdir creates directory name in parent.
 func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode uint32) (*weftv1.Attr, error) {
+	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Mkdir(ctx, &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode})
+	c.noteMade(parent, name, err)
 	if err != nil {
 		return nil, err
+	}
+	if track {
+		c.dirComplete(resp.Attr.GetIno(), tok, nil) // a new directory is empty
+		c.noteDirAttr(resp.Attr, tok)
 	}
 	return resp.Attr, nil
 }
@@ -131,6 +165,7 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
 	c.countMeta()
 	_, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	c.noteRemoved(parent, name, err)
 	return err
 }
 
@@ -138,6 +173,8 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
 	c.countMeta()
 	_, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	c.noteRemoved(parent, name, err)
+	c.dirs.dropAttrs() // the removed directory's among them
 	return err
 }
 
@@ -149,6 +186,13 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 	_, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
 		Caller: caller, OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags,
 	})
+	if flags&uint32(weftv1.RenameFlags_RENAME_EXCHANGE) == 0 {
+		c.noteRemoved(oldParent, oldName, err)
+	} else {
+		c.noteMade(oldParent, oldName, err)
+	}
+	c.noteMade(newParent, newName, err)
+	c.dirs.dropAttrs() // a renamed directory's ctime and ".." changed
 	return err
 }
 
@@ -156,6 +200,7 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
 	c.countMeta()
 	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})
+	c.noteMade(newParent, newName, err)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +211,7 @@ func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent
 func (c *Client) Symlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name, target string) (*weftv1.Attr, error) {
 	c.countMeta()
 	resp, err := c.meta.Symlink(ctx, &weftv1.SymlinkRequest{Caller: caller, Parent: parent, Name: name, Target: target})
+	c.noteMade(parent, name, err)
 	if err != nil {
 		return nil, err
 	}
@@ -195,11 +241,22 @@ func (c *Client) OpenDir(ctx context.Context, caller *weftv1.Caller, ino uint64,
 // ReadDir returns one page of directory ino's entries in name order after
 // startAfter (without "." and ".."), and whether more follow. With plus,
 // entries carry their attributes.
+//
+// A listing that fits one page makes the directory known completely (see
+// dircache.go) while callbacks are live.
 func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64, startAfter string, plus bool) ([]*weftv1.DirEntry, bool, error) {
+	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: caller, Ino: ino, StartAfter: startAfter, Plus: plus, Limit: readDirPage})
 	if err != nil {
 		return nil, false, err
+	}
+	if track && startAfter == "" && !resp.More {
+		names := make([]string, len(resp.Entries))
+		for i, e := range resp.Entries {
+			names[i] = e.Name
+		}
+		c.dirComplete(ino, tok, names)
 	}
 	for _, e := range resp.Entries {
 		c.overlay(e.Attr, 0, false)
@@ -239,6 +296,7 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
 	c.countMeta()
 	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
+	c.noteAttrChange(ino)
 	return err
 }
 
@@ -256,5 +314,6 @@ func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint6
 func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
 	c.countMeta()
 	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
+	c.noteAttrChange(ino)
 	return err
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -83,8 +82,8 @@ func isCode(err error, code codes.Code) bool {
 }
 
 // attempt runs one request against member m of chain id, sent
-// with the chain at version. While it waits it re-reads the chain table
-// every watchInterval and gives up on a member that is no longer serving
+// with the chain at version. While it waits the chain table is re-read
+// every watchInterval (see attemptWatch) and it gives up on a member that is no longer serving
 // in a newer version of the chain (a server cut off by the network never
 // answers; the manager takes it out after its failure timeout): the
 // request then fails with Unavailable and is retried on the new members.
@@ -98,33 +97,9 @@ func (c *Client) attempt(ctx context.Context, id, version uint64, m *weftv1.Chai
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	var (
-		mu      sync.Mutex
-		stopped bool
-		timer   *time.Timer
-	)
-	check := func() {
-		rctx, rcancel := context.WithTimeout(ctx, watchInterval)
-		c.chains.refreshSoon(rctx)
-		rcancel()
-		if ch := c.chains.get(id); ch == nil || (ch.Version != version && !servingAt(ch, addr)) {
-			cancel(errLeftChain)
-			return
-		}
-		mu.Lock()
-		if !stopped {
-			timer.Reset(watchInterval)
-		}
-		mu.Unlock()
-	}
-	mu.Lock()
-	timer = time.AfterFunc(watchInterval, check)
-	mu.Unlock()
+	a := c.watch(id, version, addr, cancel)
 	err = fn(actx, dc)
-	mu.Lock()
-	stopped = true
-	timer.Stop()
-	mu.Unlock()
+	c.unwatch(a)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errLeftChain) {
 		return status.Errorf(codes.Unavailable, "data server %s left chain %d while the request waited (%v): retry on the new members",
 			addr, id, err)

@@ -1,0 +1,176 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Background release limits.
+const (
+	// releaseQueue is how many releases may wait; past it Release sends
+	// its own at once (so a burst of closes defers little work).
+	releaseQueue = 256
+	// releaseWorkers is how many releases are sent at once.
+	releaseWorkers = 4
+	// releaseRetryFor is how long a release is retried on transient
+	// errors (the meta service restarting, a failover) before it is
+	// given up: the session's end cleans up what it leaves.
+	releaseRetryFor = 2 * time.Minute
+	// releaseDrainFor bounds how long Close waits for queued releases.
+	releaseDrainFor = 30 * time.Second
+)
+
+// releaser sends the meta service's Release calls of closed files in the
+// background: the file's data and length are committed before, so nobody
+// waits for the open record to go.
+type releaser struct {
+	mu      sync.Mutex
+	cond    *sync.Cond // signals queue changes and idle workers
+	queue   []*weftv1.ReleaseRequest
+	busy    int  // releases being sent
+	started bool // workers running
+	closed  bool // Close began: no more queueing
+
+	// ctx ends when Close stops waiting for the releases.
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// releaseLater queues the meta release of ino by session, or sends it now
+// when the queue is full or closed. Errors of a queued release are logged.
+func (c *Client) releaseLater(ctx context.Context, ino uint64, session string) error {
+	req := &weftv1.ReleaseRequest{Ino: ino, Session: session}
+	r := &c.rel
+	r.mu.Lock()
+	if r.closed || len(r.queue) >= releaseQueue {
+		r.mu.Unlock()
+		return c.sendRelease(ctx, req)
+	}
+	if !r.started {
+		r.started = true
+		r.cond = sync.NewCond(&r.mu)
+		r.ctx, r.cancel = context.WithCancel(context.Background())
+		for range releaseWorkers {
+			c.wg.Add(1)
+			go c.releaseWorker()
+		}
+	}
+	r.queue = append(r.queue, req)
+	r.cond.Signal()
+	r.mu.Unlock()
+	return nil
+}
+
+// sendRelease sends one release with the meta service.
+func (c *Client) sendRelease(ctx context.Context, req *weftv1.ReleaseRequest) error {
+	c.countMeta()
+	if _, err := c.meta.Release(ctx, req); err != nil {
+		return fmt.Errorf("release file %d with the meta service: %w", req.Ino, err)
+	}
+	return nil
+}
+
+// releaseWorker sends queued releases until the client is closed and the
+// queue is empty.
+func (c *Client) releaseWorker() {
+	defer c.wg.Done()
+	r := &c.rel
+	for {
+		r.mu.Lock()
+		for len(r.queue) == 0 && !r.closed {
+			r.cond.Wait()
+		}
+		if len(r.queue) == 0 {
+			r.mu.Unlock()
+			return
+		}
+		req := r.queue[0]
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+		r.busy++
+		r.mu.Unlock()
+
+		c.releaseWithRetry(req)
+
+		r.mu.Lock()
+		r.busy--
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	}
+}
+
+// releaseWithRetry sends req, retrying transient errors for a while.
+func (c *Client) releaseWithRetry(req *weftv1.ReleaseRequest) {
+	deadline := time.Now().Add(releaseRetryFor)
+	backoff := 50 * time.Millisecond
+	for {
+		ctx, cancel := context.WithDeadline(c.rel.ctx, deadline)
+		err := c.sendRelease(ctx, req)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !transientRelease(err) || time.Now().Add(backoff).After(deadline) || c.rel.ctx.Err() != nil {
+			c.log.Warn("release of a closed file failed; the session's end will clean it up",
+				"ino", req.Ino, "err", err)
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// transientRelease reports whether a failed release is worth sending
+// again: the meta service was unreachable or cut the call off.
+func transientRelease(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// drainReleases stops queueing and waits (at most releaseDrainFor) until
+// every queued release was sent.
+func (c *Client) drainReleases() {
+	r := &c.rel
+	r.mu.Lock()
+	r.closed = true
+	if !r.started {
+		r.mu.Unlock()
+		return
+	}
+	r.cond.Broadcast()
+	timer := time.AfterFunc(releaseDrainFor, func() {
+		r.mu.Lock()
+		if n := len(r.queue); n > 0 {
+			c.log.Warn("gave up waiting for releases of closed files; the session's end cleans them up", "left", n)
+			r.queue = nil
+		}
+		r.cancel()
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	})
+	defer timer.Stop()
+	for len(r.queue) > 0 || r.busy > 0 {
+		r.cond.Wait()
+	}
+	r.mu.Unlock()
+	r.cancel()
+}
+
+// PendingReleases returns how many meta releases of closed files are
+// queued or being sent.
+func (c *Client) PendingReleases() int {
+	r := &c.rel
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue) + r.busy
+}

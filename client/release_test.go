@@ -1,0 +1,144 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// chunkFiles counts the chunk files on the cluster's data servers.
+func chunkFiles(t *testing.T, tc *testCluster) int {
+	t.Helper()
+	n := 0
+	for _, d := range tc.dataDirs {
+		_ = filepath.WalkDir(filepath.Join(d, "chunks"), func(p string, e fs.DirEntry, err error) error {
+			if err == nil && e.Type().IsRegular() && !strings.HasPrefix(e.Name(), ".") {
+				n++
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+// waitFor polls cond for up to 20 s.
+func waitFor(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %v after 20s", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReleaseInBackground checks the meta release sent after Release
+// returns: a file unlinked right after its close still has its chunks
+// deleted once the release lands, and Close sends every queued release
+// before it ends the session.
+func TestReleaseInBackground(t *testing.T) {
+	tc := startCluster(t, smallStripes(), 3)
+	ctx := context.Background()
+
+	t.Run("unlink after close frees the chunks", func(t *testing.T) {
+		c := newTestClient(t, tc.metaAddr, Config{})
+		base := chunkFiles(t, tc)
+		f := create(t, c, "gone", syscall.O_WRONLY)
+		if _, err := f.WriteAt(ctx, make([]byte, 300<<10), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Unlink(ctx, root, 1, "gone"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "inode of the unlinked file removed", func() error {
+			if _, err := c.GetAttr(ctx, f.Ino()); err == nil {
+				return errors.New("still there")
+			}
+			return nil
+		})
+		waitFor(t, "chunks of the unlinked file deleted", func() error {
+			if n := chunkFiles(t, tc); n > base {
+				return errors.New("chunk files left")
+			}
+			return nil
+		})
+	})
+
+	t.Run("close drains releases", func(t *testing.T) {
+		c := newTestClient(t, tc.metaAddr, Config{})
+		const n = 200
+		before := c.MetaCalls()
+		for i := range n {
+			f, _, err := c.Create(ctx, root, 1, "drain-"+itoa(i), 0o644, syscall.O_WRONLY, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if p := c.PendingReleases(); p != 0 {
+			t.Errorf("%d releases left after Close", p)
+		}
+		if calls := c.MetaCalls() - before; calls != 2*n {
+			t.Errorf("%d meta calls for %d creates and releases, want %d", calls, n, 2*n)
+		}
+	})
+
+	t.Run("meta restart meanwhile", func(t *testing.T) {
+		c := newTestClient(t, tc.metaAddr, Config{UnavailableTimeout: 30 * time.Second})
+		f := create(t, c, "restart", syscall.O_WRONLY)
+		if _, err := f.WriteAt(ctx, []byte("data"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tc.stopMeta()
+		if err := f.Release(ctx); err != nil {
+			t.Fatalf("release while the meta service is down: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if c.PendingReleases() == 0 {
+			t.Fatal("release sent while the meta service was down")
+		}
+		tc.startMeta()
+		waitFor(t, "release sent after the restart", func() error {
+			if c.PendingReleases() != 0 {
+				return errors.New("pending")
+			}
+			return nil
+		})
+		// The release landed: unlinking now deletes the inode at once.
+		if err := c.Unlink(ctx, root, 1, "restart"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.GetAttr(ctx, f.Ino()); err == nil {
+			t.Error("unlinked file still there: its open record was not released")
+		}
+	})
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i < 10 {
+		return digits[i : i+1]
+	}
+	return itoa(i/10) + digits[i%10:i%10+1]
+}

@@ -1,0 +1,141 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+func needFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root here")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no FUSE: %v", err)
+	}
+}
+
+// TestCreateMetaCalls counts the meta calls of creating files in a
+// directory this mount made: with callbacks live, the kernel's lookup of
+// the new name is answered from the complete directory, so each create
+// costs the CREATE and the release sent in the background.
+func TestCreateMetaCalls(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	dir, c, _ := mountWith(t, tc, Options{})
+	d := filepath.Join(dir, "fresh")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The mkdir made the kernel drop the root's attributes: let it fetch
+	// them again before counting.
+	if _, err := os.Stat(filepath.Join(d, "warm")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	const n = 100
+	calls, local := c.MetaCalls(), c.LocalLookups()
+	for i := range n {
+		f, err := os.OpenFile(filepath.Join(d, fmt.Sprint("f", i)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The kernel sends RELEASE after close returns, and the meta release
+	// follows in the background: wait for all of them.
+	eventually(t, "background releases sent", func() error {
+		if got := c.MetaCalls() - calls; got < 2*n || c.PendingReleases() != 0 {
+			return fmt.Errorf("%d meta calls, %d releases pending", got, c.PendingReleases())
+		}
+		return nil
+	})
+	if got := c.MetaCalls() - calls; got != 2*n {
+		t.Errorf("%d meta calls for %d creates, want %d (create + release each)", got, n, 2*n)
+	}
+	if got := c.LocalLookups() - local; got < n {
+		t.Errorf("%d lookups answered without a call, want at least %d", got, n)
+	}
+	// The names exist: they are found (a positive lookup each).
+	for i := range n {
+		if _, err := os.Stat(filepath.Join(d, fmt.Sprint("f", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCompleteDirAcrossMounts checks that a name another mount creates in
+// a directory this mount knows completely is found within a bounded delay
+// (the callback ends the completeness), and that open(O_CREAT) of such a
+// name opens the existing file, while O_EXCL fails with EEXIST, whichever
+// comes first: the callback or the open.
+func TestCompleteDirAcrossMounts(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
+	a, ca, _ := mountWith(t, tc, long)
+	b, _, _ := mountWith(t, tc, long)
+	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pa := func(n string) string { return filepath.Join(a, "d", n) }
+	pb := func(n string) string { return filepath.Join(b, "d", n) }
+
+	t.Run("seen", func(t *testing.T) {
+		// A knows d completely: "x" is missing without a call.
+		local := ca.LocalLookups()
+		if _, err := os.Stat(pa("x0")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("stat x0 on A: %v", err)
+		}
+		if ca.LocalLookups() == local {
+			t.Fatal("lookup of a missing name in a directory A made was sent to the meta service")
+		}
+		if err := os.WriteFile(pb("x"), []byte("from B"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "x created on B seen on A", func() error {
+			_, err := os.Stat(pa("x"))
+			return err
+		})
+	})
+
+	for i := range 10 {
+		t.Run(fmt.Sprint("open O_CREAT ", i), func(t *testing.T) {
+			// A may learn of y through its callback before or after it
+			// opens it: either way the existing file is opened.
+			y, z := fmt.Sprint("y", i), fmt.Sprint("z", i)
+			if err := os.WriteFile(pb(y), []byte("from B"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(pb(z), []byte("from B"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(pa(y), os.O_CREATE|os.O_RDWR, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 16)
+			n, _ := f.ReadAt(buf, 0)
+			f.Close()
+			if string(buf[:n]) != "from B" {
+				t.Errorf("open(O_CREAT) of %s made on B read %q, want the existing file", y, buf[:n])
+			}
+			_, err = os.OpenFile(pa(z), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+			if !errors.Is(err, syscall.EEXIST) {
+				t.Errorf("open(O_CREAT|O_EXCL) of %s made on B: %v, want EEXIST", z, err)
+			}
+			eventually(t, z+" seen on A", func() error {
+				_, err := os.Stat(pa(z))
+				return err
+			})
+		})
+	}
+}
