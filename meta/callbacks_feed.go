@@ -59,6 +59,12 @@ func (r *recorder) Delete(key []byte) error {
 	return r.Txn.Delete(key)
 }
 
+// GetMany implements kv.MultiGetter, reading together when the engine's
+// transaction can.
+func (r *recorder) GetMany(keys [][]byte) ([][]byte, []bool, error) {
+	return kv.GetMany(r.Txn, keys)
+}
+
 // recordUpdate runs fn in the recording transaction; the engine may call
 // it more than once (retries), and only the last run committed.
 func (s *Service) recordUpdate(rec *recorder, t kv.Txn, fn func(kv.Txn) error) error {

@@ -34,6 +34,31 @@ func (x *tx) inode(ino uint64, op string) (*weftv1.Attr, error) {
 	return a, nil
 }
 
+// inodes reads the inodes inos together (kv.GetMany: a few round trips on
+// etcd instead of one per inode); ENOENT if one does not exist.
+func (x *tx) inodes(inos []uint64, op string) ([]*weftv1.Attr, error) {
+	keys := make([][]byte, len(inos))
+	for i, ino := range inos {
+		keys[i] = inodeKey(ino)
+	}
+	vals, found, err := kv.GetMany(x.t, keys)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read %d inodes: %w", op, len(inos), err)
+	}
+	out := make([]*weftv1.Attr, len(inos))
+	for i, ino := range inos {
+		if !found[i] {
+			return nil, fserr.Wrap(syscall.ENOENT, "%s: inode %d does not exist", op, ino)
+		}
+		a := new(weftv1.Attr)
+		if err := proto.Unmarshal(vals[i], a); err != nil {
+			return nil, fmt.Errorf("%s: corrupt inode record %d: %v: %w", op, ino, err, syscall.EIO)
+		}
+		out[i] = a
+	}
+	return out, nil
+}
+
 // dir reads inode ino and requires it to be a directory (ENOTDIR).
 func (x *tx) dir(ino uint64, op string) (*weftv1.Attr, error) {
 	a, err := x.inode(ino, op)

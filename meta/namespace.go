@@ -451,10 +451,16 @@ func (s *Service) ReadDir(ctx context.Context, req *weftv1.ReadDirRequest) (*wef
 		if err != nil || !req.Plus {
 			return err
 		}
-		for _, e := range resp.Entries {
-			if e.Attr, err = x.inode(e.Ino, op); err != nil {
-				return err
-			}
+		inos := make([]uint64, len(resp.Entries))
+		for i, e := range resp.Entries {
+			inos[i] = e.Ino
+		}
+		attrs, err := x.inodes(inos, op)
+		if err != nil {
+			return err
+		}
+		for i, e := range resp.Entries {
+			e.Attr = attrs[i]
 		}
 		return nil
 	})

@@ -14,7 +14,9 @@
 // key deleted from a scanned range after R is a conflict too. If any
 // compare fails, fn runs again on a fresh snapshot after a jittered
 // backoff, up to Options.MaxAttempts times; then Update returns
-// kv.ErrConflict. An Update that writes nothing commits nothing.
+// kv.ErrConflict. An Update that writes nothing commits nothing. GetMany
+// (kv.MultiGetter) reads many keys at the snapshot in etcd Txns of 100 Gets
+// each, one round trip per 100 keys, recorded for the commit as Get does.
 //
 // Limits: an etcd server accepts at most --max-txn-ops (default 128)
 // compares, and as many writes, in one Txn, and requests of at most

@@ -78,6 +78,8 @@ func TestConflictDetection(t *testing.T) {
 		{"modify a read key", getK("d/b"), setK("d/b", "2")},
 		{"create a key read as absent", getK("d/x"), setK("d/x", "new")},
 		{"delete a read key", getK("d/b"), delK("d/b")},
+		{"modify a key read by GetMany", getManyK("d/x", "d/b"), setK("d/b", "2")},
+		{"create a key GetMany read as absent", getManyK("d/x", "d/b"), setK("d/x", "new")},
 		{"insert into a scanned range", scanK("d/"), setK("d/c", "3")},
 		{"delete from a scanned range", scanK("d/"), delK("d/a")},
 		{"modify in a scanned range", scanK("d/"), setK("d/b", "9")},
@@ -120,6 +122,17 @@ func getK(k string) func(kv.Txn) (string, error) {
 	return func(tx kv.Txn) (string, error) {
 		v, ok, err := tx.Get([]byte(k))
 		return fmt.Sprintf("%s %v", v, ok), err
+	}
+}
+
+func getManyK(keys ...string) func(kv.Txn) (string, error) {
+	return func(tx kv.Txn) (string, error) {
+		bk := make([][]byte, len(keys))
+		for i, k := range keys {
+			bk[i] = []byte(k)
+		}
+		vals, found, err := kv.GetMany(tx, bk)
+		return fmt.Sprintf("%q %v", vals, found), err
 	}
 }
 

@@ -1,7 +1,7 @@
 // Package kvtest is the conformance suite every kv.Engine must pass: plain
-// reads and writes, range and prefix scans, read-your-writes and rollback
-// inside transactions, snapshot isolation of View, and exact results under
-// concurrent read-modify-write Updates.
+// reads and writes, reads of many keys at once, range and prefix scans,
+// read-your-writes and rollback inside transactions, snapshot isolation of
+// View, and exact results under concurrent read-modify-write Updates.
 package kvtest
 
 import (
@@ -25,6 +25,7 @@ func Run(t *testing.T, open func(t *testing.T) kv.Engine) {
 		fn   func(t *testing.T, e kv.Engine)
 	}{
 		{"GetSetDelete", testGetSetDelete},
+		{"GetMany", testGetMany},
 		{"ScanRange", testScanRange},
 		{"ScanPrefix", testScanPrefix},
 		{"ScanStopsEarly", testScanStopsEarly},
