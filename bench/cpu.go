@@ -16,10 +16,14 @@ const clockTicks = 100
 type cpuSnapshot map[int]float64
 
 // peakRSS is the largest peak resident set size (VmHWM) among the pids of
-// s, in bytes.
-func (s cpuSnapshot) peakRSS() int64 {
+// s that used CPU since before, in bytes: with resetPeakRSS called on
+// before, the peak of the processes that took part in one measurement.
+func (s cpuSnapshot) peakRSS(before cpuSnapshot) int64 {
 	var peak int64
-	for pid := range s {
+	for pid, t := range s {
+		if t-before[pid] < 0.01 {
+			continue // idle meanwhile: another target's processes
+		}
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 		if err != nil {
 			continue
@@ -35,6 +39,15 @@ func (s cpuSnapshot) peakRSS() int64 {
 		}
 	}
 	return peak
+}
+
+// resetPeakRSS resets the peak resident set size of the pids of s to
+// their current size (clear_refs 5), so that the next peakRSS covers one
+// measurement. Processes this user may not touch keep their lifetime peak.
+func (s cpuSnapshot) resetPeakRSS() {
+	for pid := range s {
+		_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
+	}
 }
 
 // minus is the CPU time spent between before and s: processes present in

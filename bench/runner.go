@@ -291,6 +291,7 @@ func runStep(ctx context.Context, cfg *Config, s *step, target string) (*Measure
 		}
 	}
 	cpu0 := matchCPU(cfg.CPUMatch)
+	cpu0.resetPeakRSS()
 	start := time.Now()
 	for _, w := range workers {
 		if _, err := io.WriteString(w.stdin, "go\n"); err != nil {
@@ -358,7 +359,7 @@ func runStep(ctx context.Context, cfg *Config, s *step, target string) (*Measure
 	}
 	if cfg.CPUMatch != "" {
 		m.MatchCPU = cpu1.minus(cpu0)
-		m.PeakRSS = cpu1.peakRSS()
+		m.PeakRSS = cpu1.peakRSS(cpu0)
 		if m.Bytes > 0 {
 			m.CoreMsPerM = m.MatchCPU * 1000 / (float64(m.Bytes) / 1e6)
 		}
