@@ -95,6 +95,12 @@ type Manager struct {
 	closed bool
 
 	leading atomic.Bool // does the manager's duties (role.go)
+	// term is cancelled when the manager stops leading, so that its
+	// liveness check stuck on an unreachable store lets go of mu at once
+	// (role.go); nil while it never led through Lead.
+	termMu  sync.Mutex
+	term    context.Context
+	endTerm context.CancelFunc
 }
 
 // serverState is a registered server: its persisted record and its

@@ -156,6 +156,9 @@ func (m *Manager) Heartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.leading.Load() {
+		return nil, ErrNotLeader // stopped leading while waiting for mu
+	}
 	s := m.servers[req.ServerId]
 	if s == nil {
 		m.log.Debug("heartbeat from an unknown data server: asking it to register", "server", req.ServerId, "address", req.Address)
@@ -235,7 +238,9 @@ func (m *Manager) Run(ctx context.Context) {
 				}
 				continue
 			}
-			m.checkLiveness(ctx)
+			lctx, stop := m.termContext(ctx)
+			m.checkLiveness(lctx)
+			stop()
 		}
 	}
 }
@@ -249,6 +254,9 @@ func (m *Manager) Run(ctx context.Context) {
 func (m *Manager) checkLiveness(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.leading.Load() {
+		return // stopped leading while waiting for mu
+	}
 	now := m.now()
 	for _, s := range m.sortedServers() {
 		if s.online && now.Sub(s.lastHeartbeat) > m.cfg.FailureTimeout {

@@ -48,6 +48,12 @@ func (m *Manager) Lead(ctx context.Context, eng kv.Engine) error {
 	if err := m.markLegacyChains(ctx); err != nil {
 		return err
 	}
+	m.termMu.Lock()
+	if m.endTerm != nil {
+		m.endTerm()
+	}
+	m.term, m.endTerm = context.WithCancel(context.Background())
+	m.termMu.Unlock()
 	m.leading.Store(true)
 	m.log.Info("acting as cluster manager", "servers", len(m.servers), "chains", len(m.chains),
 		"chain_table_version", m.tableVersion, "grace", m.cfg.FailureTimeout)
@@ -60,12 +66,31 @@ func (m *Manager) Lead(ctx context.Context, eng kv.Engine) error {
 // capacity come from the elected manager through ApplyLiveness.
 func (m *Manager) Follow(eng kv.Engine) {
 	was := m.leading.Swap(false)
-	m.mu.Lock()
-	m.eng = eng
-	m.mu.Unlock()
+	m.termMu.Lock()
+	if m.endTerm != nil {
+		m.endTerm() // a liveness check waiting on the store gives up mu
+	}
+	m.termMu.Unlock()
 	if was {
 		m.log.Warn("no longer the cluster manager: following")
 	}
+	m.mu.Lock()
+	m.eng = eng
+	m.mu.Unlock()
+}
+
+// termContext returns ctx, also cancelled when the current term ends
+// (Follow), and the function that releases it.
+func (m *Manager) termContext(ctx context.Context) (context.Context, func()) {
+	m.termMu.Lock()
+	term := m.term
+	m.termMu.Unlock()
+	if term == nil {
+		return ctx, func() {}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(term, cancel)
+	return cctx, func() { stop(); cancel() }
 }
 
 // reload replaces the in-memory state by the persisted one. Called with
@@ -168,7 +193,12 @@ func (m *Manager) ApplyLiveness(servers []*weftv1.ServerStatus, total, free, use
 // sees. Liveness is not recorded; the next manager gives every server a
 // failure timeout of grace when it takes over.
 func (m *Manager) FollowerHeartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (*weftv1.HeartbeatResponse, error) {
-	if err := m.Refresh(ctx, false); err != nil {
+	// Bounded: a follower cut off from the store fails the heartbeat soon
+	// enough for the data server to try again (through another meta
+	// server, or once a manager is elected) before it fences itself.
+	rctx, cancel := context.WithTimeout(ctx, max(m.cfg.FailureTimeout/4, m.cfg.HeartbeatInterval))
+	defer cancel()
+	if err := m.Refresh(rctx, false); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

@@ -77,6 +77,11 @@ type ha struct {
 	fwdAddr    string
 	fwd        *grpc.ClientConn
 	lostAt     time.Time // when this server last saw no manager
+	// The other meta servers as last read from the registry, connections
+	// to them, and the one that last answered as manager (ha_peers.go).
+	peers     []metaRecord
+	peerConns map[string]*grpc.ClientConn
+	peerHint  string
 
 	regMu sync.Mutex
 	reg   []metaRecord
@@ -228,6 +233,7 @@ func (h *ha) republish(ctx context.Context, lease clientv3.LeaseID) {
 			if err := h.publish(ctx, lease); err != nil && ctx.Err() == nil {
 				h.log.Warn("renew this meta server's registry record", "err", err)
 			}
+			h.members(ctx) // keeps the list of peers fresh (ha_peers.go)
 		}
 	}
 }
@@ -303,6 +309,9 @@ func (h *ha) forward(ctx context.Context, method string, req, resp any) error {
 	}
 	id, addr := h.leader()
 	if addr == "" || id == h.cfg.ID {
+		if managerOnly[method] {
+			return h.forwardToPeers(ctx, method, req, resp)
+		}
 		return errNoManager(nil)
 	}
 	cc, err := h.conn(addr)
@@ -350,6 +359,10 @@ func (h *ha) close() {
 	if h.fwd != nil {
 		h.fwd.Close()
 		h.fwd = nil
+	}
+	for a, cc := range h.peerConns {
+		cc.Close()
+		delete(h.peerConns, a)
 	}
 }
 

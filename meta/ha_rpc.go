@@ -41,11 +41,17 @@ func (s *Service) haInterceptor(ctx context.Context, req any, info *grpc.UnarySe
 	case registerServerMethod, heartbeatMethod, reportSyncedMethod, removeTargetMethod:
 		resp, err := s.managerCall(ctx, info.FullMethod, req, handler)
 		_, addr := h.leader()
+		// resp may hold a nil pointer when the call failed; an answer
+		// relayed while no manager is known keeps the address it carries.
 		switch r := resp.(type) {
 		case *weftv1.RegisterServerResponse:
-			r.ManagerAddress = addr
+			if r != nil && addr != "" {
+				r.ManagerAddress = addr
+			}
 		case *weftv1.HeartbeatResponse:
-			r.ManagerAddress = addr
+			if r != nil && addr != "" {
+				r.ManagerAddress = addr
+			}
 		}
 		return resp, err
 	case statusMethod:
@@ -76,10 +82,13 @@ func (s *Service) managerCall(ctx context.Context, method string, req any, handl
 	h := s.ha
 	if h.managing() {
 		resp, err := handler(ctx, req)
-		if errors.Is(err, cluster.ErrNotLeader) {
+		if !errors.Is(err, cluster.ErrNotLeader) {
+			return resp, err
+		}
+		if isForwarded(ctx) {
 			return nil, errNoManager(err)
 		}
-		return resp, err
+		// This server stopped leading while the call waited: forward it.
 	}
 	if isForwarded(ctx) {
 		return nil, errNoManager(fmt.Errorf("%w (the call was forwarded to it)", cluster.ErrNotLeader))

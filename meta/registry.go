@@ -103,6 +103,7 @@ func (h *ha) members(ctx context.Context) ([]metaRecord, error) {
 	}
 	slices.SortFunc(recs, func(a, b metaRecord) int { return strings.Compare(a.Address, b.Address) })
 	h.reg, h.regAt = recs, time.Now()
+	h.notePeers(recs)
 	return recs, nil
 }
 
