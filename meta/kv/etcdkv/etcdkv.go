@@ -52,6 +52,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/weft-fs/weft/meta/kv"
 )
@@ -120,6 +122,13 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		Endpoints:   opts.Endpoints,
 		DialTimeout: opts.DialTimeout,
 		Logger:      zap.NewNop(),
+		// Reconnect within seconds after an outage of any length (gRPC's
+		// default backoff grows to 2 minutes): a meta server cut off from
+		// etcd must rejoin soon after the network heals.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd engine: connect to %s: %w", strings.Join(opts.Endpoints, ","), err)
