@@ -286,9 +286,25 @@ func (c *Client) knownMissing(dir uint64, name string) bool {
 }
 
 // errKnownMissing answers a lookup from the complete-directory cache.
+// The message is formatted only when asked for: a create looks its name
+// up first, so this is on every create's path, and the mount only needs
+// the errno.
 func errKnownMissing(dir uint64, name string) error {
-	return fserr.Wrap(syscall.ENOENT, "lookup %q in directory %d: no such file or directory", name, dir)
+	return &knownMissingError{dir: dir, name: name}
 }
+
+// knownMissingError is ENOENT from the complete-directory cache; it reads
+// as fserr.Wrap(syscall.ENOENT, ...) would.
+type knownMissingError struct {
+	dir  uint64
+	name string
+}
+
+func (e *knownMissingError) Error() string {
+	return fserr.Wrap(syscall.ENOENT, "lookup %q in directory %d: no such file or directory", e.name, e.dir).Error()
+}
+
+func (e *knownMissingError) Unwrap() error { return syscall.ENOENT }
 
 // noteMade records the outcome of a call of this client that makes name
 // in dir: on success the name exists; on failure the directory is no

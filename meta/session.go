@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,13 +38,54 @@ func (x *tx) session(id, op string) (*sessionRecord, error) {
 	if !ok {
 		return nil, fserr.Wrap(syscall.ESTALE, "%s: session %q is unknown or expired; the client must open a new session", op, id)
 	}
-	rec := new(sessionRecord)
-	if err := json.Unmarshal(v, rec); err != nil {
+	rec, err := decodeSession(id, v)
+	if err != nil {
 		return nil, fmt.Errorf("%s: corrupt session record %q: %v: %w", op, id, err, syscall.EIO)
 	}
 	if rec.Closing {
 		return nil, fserr.Wrap(syscall.ESTALE, "%s: session %q is being closed; the client must open a new session", op, id)
 	}
+	return rec, nil
+}
+
+// sessionDecoded remembers the last decoded record of each session by its
+// bytes: every create and open reads the session record (recordOpen), and
+// the same bytes always decode to the same record, so only a changed
+// record (renewal, closing) is parsed again.
+var sessionDecoded struct {
+	sync.Mutex
+	m map[string]sessionDecodedEntry
+}
+
+type sessionDecodedEntry struct {
+	raw string
+	rec sessionRecord
+}
+
+// maxSessionDecoded bounds sessionDecoded (ended sessions are not removed
+// from it one by one; past the bound it starts over).
+const maxSessionDecoded = 4096
+
+// decodeSession decodes session record v of session id into a new record
+// the caller may change.
+func decodeSession(id string, v []byte) (*sessionRecord, error) {
+	sessionDecoded.Lock()
+	if e, ok := sessionDecoded.m[id]; ok && e.raw == string(v) {
+		rec := e.rec
+		sessionDecoded.Unlock()
+		return &rec, nil
+	}
+	sessionDecoded.Unlock()
+	rec := new(sessionRecord)
+	if err := json.Unmarshal(v, rec); err != nil {
+		return nil, err
+	}
+	sessionDecoded.Lock()
+	if sessionDecoded.m == nil || len(sessionDecoded.m) >= maxSessionDecoded {
+		sessionDecoded.m = make(map[string]sessionDecodedEntry)
+	}
+	sessionDecoded.m[id] = sessionDecodedEntry{raw: string(v), rec: *rec}
+	sessionDecoded.Unlock()
 	return rec, nil
 }
 
