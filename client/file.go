@@ -195,23 +195,20 @@ func (f *File) Fsync(ctx context.Context) error { return f.Flush(ctx) }
 // its removal needs no one to wait (see README.md "Background release").
 // Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
-	if f.released.Swap(true) {
-		return nil
-	}
-	var err error
-	if f.in != nil {
-		err = f.in.flush(ctx, true)
-		f.c.dropRef(f.in)
-	}
-	if rerr := f.c.releaseLater(ctx, f.ino, f.session); rerr != nil && err == nil {
-		err = rerr
-	}
-	return err
+	return f.release(ctx, func() error { return f.c.releaseLater(ctx, f.ino, f.session) })
 }
 
 // ReleaseNow is Release with the meta service's release sent before it
 // returns.
 func (f *File) ReleaseNow(ctx context.Context) error {
+	return f.release(ctx, func() error {
+		return f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session})
+	})
+}
+
+// release flushes and drops the file's data once, then closes it with the
+// meta service through send; it reports the first error.
+func (f *File) release(ctx context.Context, send func() error) error {
 	if f.released.Swap(true) {
 		return nil
 	}
@@ -220,7 +217,7 @@ func (f *File) ReleaseNow(ctx context.Context) error {
 		err = f.in.flush(ctx, true)
 		f.c.dropRef(f.in)
 	}
-	if rerr := f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session}); rerr != nil && err == nil {
+	if rerr := send(); rerr != nil && err == nil {
 		err = rerr
 	}
 	return err
