@@ -142,6 +142,19 @@ func (m *Manager) DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Lay
 	return errors.Join(errs...)
 }
 
+// memberRef says where member mem of chain c lives (server and address,
+// empty if unknown). Called with m.mu held.
+func (m *Manager) memberRef(c *chainRecord, mem memberRecord) memberRef {
+	r := memberRef{chainID: c.ID, chainVersion: c.Version, targetID: mem.TargetID}
+	if t := m.targets[mem.TargetID]; t != nil {
+		r.serverID = t.rec.ServerID
+		if s := m.servers[r.serverID]; s != nil {
+			r.addr = s.rec.Address
+		}
+	}
+	return r
+}
+
 // chainMembers returns where to send an operation on chain id, or an error
 // wrapping syscall.EIO if the chain is unknown or a member is offline.
 // Called with m.mu held.
@@ -152,13 +165,7 @@ func (m *Manager) chainMembers(what string, id uint64) ([]memberRef, error) {
 	}
 	refs := make([]memberRef, 0, len(c.Members))
 	for _, mem := range c.Members {
-		r := memberRef{chainID: c.ID, chainVersion: c.Version, targetID: mem.TargetID}
-		if t := m.targets[mem.TargetID]; t != nil {
-			r.serverID = t.rec.ServerID
-			if s := m.servers[r.serverID]; s != nil {
-				r.addr = s.rec.Address
-			}
-		}
+		r := m.memberRef(c, mem)
 		if mem.State == stateOffline || !m.targetOnline(mem.TargetID) {
 			return nil, fserr.Wrap(syscall.EIO, "%s: data server %d (%s) holding chain %d is offline: retry when it is back",
 				what, r.serverID, r.addr, c.ID)

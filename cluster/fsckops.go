@@ -67,13 +67,7 @@ func (m *Manager) servingMembers(id uint64) ([]fsckMember, error) {
 	}
 	var refs []memberRef
 	for _, mem := range c.Members {
-		r := memberRef{chainID: c.ID, chainVersion: c.Version, targetID: mem.TargetID}
-		if t := m.targets[mem.TargetID]; t != nil {
-			r.serverID = t.rec.ServerID
-			if s := m.servers[r.serverID]; s != nil {
-				r.addr = s.rec.Address
-			}
-		}
+		r := m.memberRef(c, mem)
 		if c.width() == 1 && (mem.State == stateOffline || !m.targetOnline(mem.TargetID)) {
 			m.mu.Unlock()
 			return nil, fmt.Errorf("its only member, target %d on data server %d (%s), is offline: check again when it is back",
