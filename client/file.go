@@ -135,6 +135,20 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	return f.in.read(ctx, p, uint64(off))
 }
 
+// ReadView is ReadAt for a caller that can use the client's own buffer:
+// where the range lies in one read-ahead window it returns those bytes
+// without copying them into p, and a function to call once done with
+// them; else the bytes read into p and a nil function.
+func (f *File) ReadView(ctx context.Context, p []byte, off int64) ([]byte, func(), error) {
+	if f.in == nil {
+		return nil, nil, errNotRegular
+	}
+	if off < 0 {
+		return nil, nil, fmt.Errorf("read at negative offset %d: %w", off, syscall.EINVAL)
+	}
+	return f.in.readView(ctx, p, uint64(off))
+}
+
 // WriteAt buffers p at offset off (at the end of the file for a file
 // opened with O_APPEND) and returns len(p). The data reaches the data
 // servers when a chunk fills, when the client's buffer limit is reached,

@@ -84,6 +84,7 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 			break
 		}
 	}
+	buf.release() // the lean data path keeps what a server may still read
 	in.mu.Lock()
 	if in.inflight[idx] == op {
 		delete(in.inflight, idx)
@@ -126,7 +127,7 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 	for _, s := range spans(off, uint64(len(p)), cs) {
 		buf := in.dirty[s.index]
 		if buf == nil {
-			buf = &chunkBuf{}
+			buf = &chunkBuf{chunkSize: cs}
 			in.dirty[s.index] = buf
 		}
 		in.c.buffered.Add(buf.write(s.off, p[s.bufOff:s.bufOff+s.n]))
@@ -296,6 +297,7 @@ func (in *inode) prepareTruncate(ctx context.Context, size uint64) error {
 			case start >= size:
 				in.c.buffered.Add(-buf.size)
 				delete(in.dirty, idx)
+				buf.release()
 			case start+cs > size:
 				in.c.buffered.Add(-buf.truncate(size - start))
 				if buf.size == 0 {
@@ -326,18 +328,45 @@ func (in *inode) truncated(size uint64) {
 // read fills p from file offset off, clipped to the file's size; it
 // returns the number of bytes read (0 at or past the end).
 func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
+	sp, layout, n, err := in.planRead(ctx, len(p), off)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	return int(n), in.readSpans(ctx, layout, sp, p)
+}
+
+// readView is read, but where the range lies in one read-ahead window it
+// returns that window's bytes instead of copying them into p, with the
+// function that lets go of them (nil when the data is in p).
+func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, func(), error) {
+	sp, layout, n, err := in.planRead(ctx, len(p), off)
+	if err != nil || n == 0 {
+		return nil, nil, err
+	}
+	if len(sp) == 1 {
+		if v, release := in.windowView(ctx, sp[0]); release != nil {
+			return v, release, nil
+		}
+	}
+	return p[:n], nil, in.readSpans(ctx, layout, sp, p)
+}
+
+// planRead clips a read of want bytes at off to the file's size, splits
+// it into chunk spans, starts read-ahead, and sends the buffered writes it
+// overlaps first. n is 0 at or past the end of the file.
+func (in *inode) planRead(ctx context.Context, want int, off uint64) (sp []span, layout *weftv1.Layout, n uint64, err error) {
 	in.mu.Lock()
 	if err := checkLayout(in.ino, in.layout); err != nil {
 		in.mu.Unlock()
-		return 0, err
+		return nil, nil, 0, err
 	}
 	size, layout := in.sizeLocked(), in.layout
-	if off >= size || len(p) == 0 {
+	if off >= size || want == 0 {
 		in.mu.Unlock()
-		return 0, nil
+		return nil, nil, 0, nil
 	}
-	n := min(uint64(len(p)), size-off)
-	sp := spans(off, n, uint64(layout.ChunkSize))
+	n = min(uint64(want), size-off)
+	sp = spans(off, n, uint64(layout.ChunkSize))
 	var pending []uint64
 	for _, s := range sp {
 		if b := in.dirty[s.index]; (b != nil && b.overlaps(s.off, s.off+s.n)) || in.inflight[s.index] != nil {
@@ -348,12 +377,17 @@ func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
 	in.mu.Unlock()
 	if len(pending) > 0 {
 		if err := in.sendChunks(ctx, pending); err != nil {
-			return 0, err
+			return nil, nil, 0, err
 		}
 	}
+	return sp, layout, n, nil
+}
+
+// readSpans fills p with spans sp, in parallel when there are several.
+func (in *inode) readSpans(ctx context.Context, layout *weftv1.Layout, sp []span, p []byte) error {
 	if len(sp) == 1 {
 		s := sp[0]
-		return int(n), in.readPiece(ctx, layout, s, p[s.bufOff:s.bufOff+s.n])
+		return in.readPiece(ctx, layout, s, p[s.bufOff:s.bufOff+s.n])
 	}
 	errs := make([]error, len(sp))
 	var wg sync.WaitGroup
@@ -363,10 +397,7 @@ func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return 0, err
-	}
-	return int(n), nil
+	return errors.Join(errs...)
 }
 
 // writeChunk sends one piece of a chunk to the head of its chain.

@@ -83,8 +83,8 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 }
 
 // raWindow is one fetched (or being fetched) piece of a chunk. Its
-// buffer comes from the lean data path's pool (not zeroed: the fetch fills
-// all of it) and goes back there when the last reference is dropped: the
+// buffer comes from the lean data path (its shared arena, filled in place
+// by a data server on this host, or its pool) and goes back there when the last reference is dropped: the
 // inode's list of windows holds one, the fetch one until it is done, and
 // every reader copying out of it one.
 type raWindow struct {
@@ -102,7 +102,7 @@ type raWindow struct {
 // release drops a reference to w, giving its buffer back with the last.
 func (w *raWindow) release() {
 	if w.refs.Add(-1) == 0 && w.buf != nil {
-		wire.PutBuffer(w.buf)
+		wire.PutShared(w.buf)
 		w.buf, w.data = nil, nil
 	}
 }
@@ -192,8 +192,7 @@ func (in *inode) fetchLocked(layout *weftv1.Layout, st *raStream, idx, off, end 
 	}
 	in.ra = append(in.ra, w)
 	go func() {
-		buf := wire.GetBuffer(int(end - off))
-		err := in.c.readChunk(in.c.bg, in.ino, layout, idx, off, buf)
+		buf, err := in.c.readChunkOwned(in.c.bg, in.ino, layout, idx, off, int(end-off))
 		w.buf = buf
 		if err == nil {
 			w.data = buf
@@ -234,6 +233,37 @@ func (in *inode) dropWindowLocked(w *raWindow) {
 			return
 		}
 	}
+}
+
+// windowView returns the bytes of span s from the one read-ahead window
+// that holds them all, once fetched, and the function that lets go of
+// them; a nil function if no window holds s or its fetch failed.
+func (in *inode) windowView(ctx context.Context, s span) ([]byte, func()) {
+	in.mu.Lock()
+	ws := in.windowsForLocked(s.index, s.off, s.n)
+	if len(ws) != 1 {
+		in.mu.Unlock()
+		return nil, nil
+	}
+	w := ws[0]
+	w.refs.Add(1)
+	in.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.release()
+		return nil, nil // readPiece reports it
+	}
+	if w.err != nil {
+		w.release()
+		return nil, nil
+	}
+	if s.off+s.n >= w.off+w.n {
+		in.mu.Lock()
+		in.dropWindowLocked(w)
+		in.mu.Unlock()
+	}
+	return w.data[s.off-w.off : s.off-w.off+s.n], w.release
 }
 
 // readPiece fills dst from chunk idx at chunk offset off, from read-ahead

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -193,9 +194,29 @@ func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, id
 	})
 }
 
+// readChunkOwned reads n bytes of chunk idx at offset off into a buffer
+// of the lean data path's (see wire.GetShared) that it returns, zeros past
+// what the server has; give it back with wire.PutShared.
+func (c *Client) readChunkOwned(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int) ([]byte, error) {
+	var buf []byte
+	err := c.readChunkTo(ctx, ino, l, idx, off, n, nil, func(data []byte) {
+		if cap(data) >= n {
+			buf = data[:n]
+			clear(buf[len(data):])
+			return
+		}
+		buf = wire.GetShared(n)
+		clear(buf[copy(buf, data):])
+		wire.PutShared(data)
+	})
+	return buf, err
+}
+
 // readChunkTo reads n bytes of chunk idx at offset off and hands what the
 // server sent (perhaps shorter: the rest reads as zeros) to sink, which
-// may keep it. With dst (n bytes) the data may be received into dst.
+// may keep it. With dst (n bytes) the data may be received into dst;
+// without, sink owns the data's buffer (give it back with
+// wire.PutShared).
 func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int,
 	dst []byte, sink func([]byte)) error {
 	chain := chainFor(l, idx)

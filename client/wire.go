@@ -68,8 +68,20 @@ type readerInto interface {
 	ReadChunkInto(ctx context.Context, in *weftv1.ReadChunkRequest, dst []byte) ([]byte, error)
 }
 
+// sharedReader is a data client that reads into a buffer of its own
+// that it hands over (the lean data path: one of the shared arena, which
+// the server fills in place); give it back with wire.PutShared.
+type sharedReader interface {
+	ReadChunkShared(ctx context.Context, in *weftv1.ReadChunkRequest) ([]byte, error)
+}
+
 // readChunkData reads with dc, into dst when dc can and the answer fits.
+// Without dst the data is in a buffer the caller owns: give it back with
+// wire.PutShared (a no-op for one that is not the lean data path's).
 func readChunkData(ctx context.Context, dc weftv1.DataClient, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
+	if sr, ok := dc.(sharedReader); ok && dst == nil {
+		return sr.ReadChunkShared(ctx, req)
+	}
 	if ri, ok := dc.(readerInto); ok && dst != nil {
 		return ri.ReadChunkInto(ctx, req, dst)
 	}

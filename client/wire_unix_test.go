@@ -9,7 +9,7 @@ import (
 
 // TestChunkIOOverUnixSocket checks that data servers on the client's host
 // report a Unix socket with their lean data path address and that the
-// client's chunk I/O goes through it.
+// client's chunk I/O goes through it, its data through the shared arena.
 func TestChunkIOOverUnixSocket(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 2}
 	tc := startCluster(t, layout, 2)
@@ -26,6 +26,9 @@ func TestChunkIOOverUnixSocket(t *testing.T) {
 		}
 		if w.Calls() > 0 && w.UnixConns() == 0 {
 			t.Errorf("%d requests to %s, none through its Unix socket", w.Calls(), addr)
+		}
+		if w.Calls() > 0 && w.ShmCalls() == 0 {
+			t.Errorf("%d requests to %s, none with its data in the shared arena", w.Calls(), addr)
 		}
 	}
 }

@@ -1,6 +1,10 @@
 package client
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/weft-fs/weft/internal/wire"
+)
 
 // extent is a run of buffered bytes inside one chunk, starting at off.
 type extent struct {
@@ -19,6 +23,34 @@ func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
 type chunkBuf struct {
 	extents []extent
 	size    int64 // total buffered bytes
+	// chunkSize, if set, lets a new extent take room up to the chunk's
+	// end from the lean data path's shared arena, so that it grows in
+	// place and a data server on this host reads it from there.
+	chunkSize uint64
+}
+
+// minArenaExtent is the least room worth taking from the shared arena.
+const minArenaExtent = 64 << 10
+
+// newExtent returns a buffer holding p for a new extent at chunk offset
+// off.
+func (b *chunkBuf) newExtent(off uint64, p []byte) []byte {
+	if b.chunkSize > off && b.chunkSize-off >= minArenaExtent {
+		if buf := wire.ReserveShared(int(b.chunkSize - off)); buf != nil {
+			buf = buf[:len(p)]
+			copy(buf, p)
+			return buf
+		}
+	}
+	return append([]byte(nil), p...)
+}
+
+// release gives back the buffers of every extent; b is empty afterwards.
+func (b *chunkBuf) release() {
+	for _, e := range b.extents {
+		wire.PutShared(e.data)
+	}
+	b.extents, b.size = nil, 0
 }
 
 // write copies p into the buffer at chunk offset off and returns by how
@@ -35,7 +67,7 @@ func (b *chunkBuf) write(off uint64, p []byte) int64 {
 	before := b.size
 	switch {
 	case i >= j:
-		data := append([]byte(nil), p...)
+		data := b.newExtent(off, p)
 		b.extents = append(b.extents, extent{})
 		copy(b.extents[i+1:], b.extents[i:])
 		b.extents[i] = extent{off: off, data: data}
@@ -61,6 +93,7 @@ func (b *chunkBuf) write(off uint64, p []byte) int64 {
 	for _, e := range b.extents[i:j] {
 		copy(data[e.off-start:], e.data)
 		removed += int64(len(e.data))
+		wire.PutShared(e.data)
 	}
 	copy(data[off-start:], p)
 	b.extents = append(b.extents[:i+1], b.extents[j:]...)
@@ -82,6 +115,7 @@ func (b *chunkBuf) truncate(size uint64) int64 {
 	b.size = 0
 	for _, e := range b.extents {
 		if e.off >= size {
+			wire.PutShared(e.data)
 			continue
 		}
 		if e.end() > size {

@@ -32,3 +32,9 @@ func (s *Server) readChunk(req *weftv1.ReadChunkRequest, alloc func(int) []byte)
 func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest) (data, buf []byte, err error) {
 	return s.readChunk(req, wire.GetBuffer)
 }
+
+// ReadChunkAlloc is ReadChunk into a buffer of alloc: a client's shared
+// arena on the lean data path's Unix socket (see package internal/wire).
+func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
+	return s.readChunk(req, alloc)
+}

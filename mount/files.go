@@ -77,11 +77,36 @@ func (fs *weftFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fus
 	}
 	ctx, stop := reqContext(cancel)
 	defer stop()
-	n, err := f.ReadAt(ctx, buf[:min(len(buf), int(in.Size))], int64(in.Offset))
+	data, release, err := f.ReadView(ctx, buf[:min(len(buf), int(in.Size))], int64(in.Offset))
 	if err != nil {
 		return nil, status(fs.log, "read", in.NodeId, err)
 	}
-	return fuse.ReadResultData(buf[:n]), fuse.OK
+	if release != nil {
+		return &viewResult{data: data, release: release}, fuse.OK
+	}
+	return fuse.ReadResultData(data), fuse.OK
+}
+
+// viewResult answers a read with bytes of the client's read-ahead
+// buffers, given back once the kernel has them.
+type viewResult struct {
+	data    []byte
+	release func()
+}
+
+func (r *viewResult) Bytes([]byte) ([]byte, fuse.Status) { return r.data, fuse.OK }
+
+// Slices makes go-fuse write the answer straight from the buffer (writev)
+// and call Done only after that.
+func (r *viewResult) Slices() ([][]byte, fuse.Status) { return [][]byte{r.data}, fuse.OK }
+func (r *viewResult) Size() int                       { return len(r.data) }
+
+// Done is called once the answer is sent.
+func (r *viewResult) Done() {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
 }
 
 func (fs *weftFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {

@@ -36,6 +36,7 @@ type Client struct {
 	calls     atomic.Uint64
 	unixOff   atomic.Bool // the Unix socket is not this server's
 	unixConns atomic.Uint64
+	shmCalls  atomic.Uint64
 
 	mu     sync.Mutex
 	slots  []*clientConn // nil: not connected
@@ -55,6 +56,10 @@ func NewClient(addr string, conns int) *Client {
 
 // Addr is the server address as given to NewClient.
 func (c *Client) Addr() string { return c.addr }
+
+// ShmCalls is the number of requests whose data went through the shared
+// arena instead of the socket.
+func (c *Client) ShmCalls() uint64 { return c.shmCalls.Load() }
 
 // Calls is the number of requests sent so far.
 func (c *Client) Calls() uint64 { return c.calls.Load() }
@@ -122,6 +127,8 @@ type clientConn struct {
 	pending map[uint64]*call
 	err     error // set once the connection broke
 	dead    atomic.Bool
+
+	shm *arena // the arena the server mapped (Unix socket), or nil
 }
 
 // call is one request waiting for its answer.
@@ -132,7 +139,9 @@ type call struct {
 	code, errno, flags uint32
 	msg                string
 	data               []byte
-	err                error // connection failure
+	aux                uint32 // header field of the answer
+	err                error  // connection failure
+	lent               []byte // arena buffer the server reads or fills; see doOn
 }
 
 func dial(ctx context.Context, addr string) (*clientConn, error) {
@@ -256,7 +265,7 @@ func (cc *clientConn) readLoop() {
 		if cl == nil {
 			continue // given up by its caller
 		}
-		cl.code, cl.errno, cl.flags = le.Uint32(meta[0:]), le.Uint32(meta[4:]), le.Uint32(meta[8:])
+		cl.code, cl.errno, cl.flags, cl.aux = le.Uint32(meta[0:]), le.Uint32(meta[4:]), le.Uint32(meta[8:]), h.aux
 		if cl.code != 0 {
 			cl.msg = string(meta[respMetaMin:])
 		}
@@ -271,15 +280,33 @@ var longAgo = time.Unix(1, 0)
 // do sends a request (fields in meta, payload) and waits for its answer.
 // The payload is no longer referenced when do returns.
 func (c *Client) do(ctx context.Context, op uint8, meta []byte, payload []byte, dst []byte) (*call, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
-	}
-	cc, err := c.conn(ctx)
+	cc, err := c.pick(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return c.doOn(ctx, cc, op, meta, payload, dst, nil)
+}
+
+// pick returns the connection for the next request.
+func (c *Client) pick(ctx context.Context) (*clientConn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	return c.conn(ctx)
+}
+
+// doOn is do on connection cc. lent, if not nil, is a buffer of the
+// shared arena (lent with arena.lend) that the server reads (a write) or
+// fills (a read) while it serves the request: the lend ends only once the
+// answer has come, even when the caller gives up before, so the arena
+// never hands out again memory the server may touch. Without an answer
+// (the connection broke) it never ends: the server may still be at it.
+func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte, payload []byte, dst []byte, lent []byte) (*call, error) {
 	c.calls.Add(1)
-	cl := &call{done: make(chan struct{}), dst: dst}
+	if lent != nil {
+		c.shmCalls.Add(1)
+	}
+	cl := &call{done: make(chan struct{}), dst: dst, lent: lent}
 	cc.mu.Lock()
 	if cc.err != nil {
 		err := cc.connError(cc.err)
@@ -309,6 +336,12 @@ func (c *Client) do(ctx context.Context, op uint8, meta []byte, payload []byte, 
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
+		if lent != nil {
+			// Leave the call waiting: its answer ends the lend.
+			go cl.unlendOnAnswer(cc.shm)
+			go cc.cancel(id)
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 		cc.mu.Lock()
 		_, waiting := cc.pending[id]
 		if waiting {
@@ -325,6 +358,9 @@ func (c *Client) do(ctx context.Context, op uint8, meta []byte, payload []byte, 
 	}
 	if cl.err != nil {
 		return nil, cl.err
+	}
+	if lent != nil {
+		cc.shm.unlend(lent)
 	}
 	return cl, nil
 }
@@ -384,11 +420,64 @@ func (cl *call) callError() error {
 	return fserr.FromStatus(st.Err())
 }
 
+// unlendOnAnswer waits for the answer of a call and ends the lend of its
+// buffer if it came (without one the server may still be at it: the
+// buffer is never reused).
+func (cl *call) unlendOnAnswer(a *arena) {
+	<-cl.done
+	if cl.err == nil {
+		a.unlend(cl.lent)
+	}
+}
+
+// lend returns a buffer of n bytes of the arena, lent for a request on
+// cc, or nil when cc has no arena or the arena no room. Give it back with
+// put whatever the request's outcome.
+func (cc *clientConn) lend(n int) []byte {
+	if cc.shm == nil || n == 0 {
+		return nil
+	}
+	b := cc.shm.get(n)
+	if b != nil && !cc.shm.lend(b) {
+		return nil
+	}
+	return b
+}
+
+// putShm puts the arena place of b (offset, length) into the last 16
+// bytes of fields m.
+func (cc *clientConn) putShm(m []byte, b []byte) {
+	off, _ := cc.shm.offset(b)
+	le.PutUint64(m[len(m)-16:], off)
+	le.PutUint64(m[len(m)-8:], uint64(len(b)))
+}
+
 // WriteChunk sends a chunk write.
 func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
-	var m [writeMetaLen]byte
-	putWrite(m[:], req)
-	cl, err := c.do(ctx, opWriteChunk, m[:], req.GetData(), nil)
+	cc, err := c.pick(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var cl *call
+	data := req.GetData()
+	if cc.shm != nil && len(data) > 0 && cc.shm.lend(data) {
+		// The caller's buffer is in the arena: the server reads it there.
+		var m [writeShmMetaLen]byte
+		putWrite(m[:], req)
+		cc.putShm(m[:], data)
+		cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, data)
+	} else if b := cc.lend(len(data)); b != nil {
+		copy(b, data)
+		var m [writeShmMetaLen]byte
+		putWrite(m[:], req)
+		cc.putShm(m[:], b)
+		cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
+		cc.shm.put(b)
+	} else {
+		var m [writeMetaLen]byte
+		putWrite(m[:], req)
+		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], req.GetData(), nil, nil)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -411,14 +500,85 @@ func (c *Client) ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*
 // into a new buffer) and returns what the server sent: shorter than asked
 // where the chunk ends.
 func (c *Client) ReadChunkInto(ctx context.Context, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
+	cc, err := c.pick(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if b := cc.lend(int(req.GetLength())); b != nil {
+		var m [readShmMetaLen]byte
+		putRead(m[:], req)
+		cc.putShm(m[:], b)
+		cl, err := c.doOn(ctx, cc, opReadShm, m[:], nil, nil, b)
+		defer cc.shm.put(b)
+		if err != nil {
+			return nil, err
+		}
+		if err := cl.callError(); err != nil {
+			return nil, err
+		}
+		n := int(cl.aux)
+		if n > len(b) {
+			return nil, status.Errorf(codes.Internal, "lean data path: server %s placed %d bytes for a read of %d", cc.addr, n, len(b))
+		}
+		out := dst
+		if n > len(dst) {
+			out = make([]byte, n)
+		}
+		return out[:copy(out, b[:n])], nil
+	}
 	var m [readMetaLen]byte
 	putRead(m[:], req)
-	cl, err := c.do(ctx, opReadChunk, m[:], nil, dst)
+	cl, err := c.doOn(ctx, cc, opReadChunk, m[:], nil, dst, nil)
 	if err != nil {
 		return nil, err
 	}
 	if err := cl.callError(); err != nil {
 		return nil, err
+	}
+	return cl.data, nil
+}
+
+// ReadChunkShared reads from a chunk into a buffer it returns: one of the
+// shared arena (GetShared) that the server filled in place when the
+// connection has the arena, else one the answer was received into. The
+// caller owns the returned slice (full capacity, starting at its buffer's
+// start) and gives it back with PutShared.
+func (c *Client) ReadChunkShared(ctx context.Context, req *weftv1.ReadChunkRequest) ([]byte, error) {
+	cc, err := c.pick(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if b := cc.lend(int(req.GetLength())); b != nil {
+		var m [readShmMetaLen]byte
+		putRead(m[:], req)
+		cc.putShm(m[:], b)
+		cl, err := c.doOn(ctx, cc, opReadShm, m[:], nil, nil, b)
+		if err == nil {
+			err = cl.callError()
+		}
+		if err != nil {
+			cc.shm.put(b)
+			return nil, err
+		}
+		if n := int(cl.aux); n <= len(b) {
+			return b[:n], nil
+		}
+		cc.shm.put(b)
+		return nil, status.Errorf(codes.Internal, "lean data path: server %s placed %d bytes for a read of %d", cc.addr, cl.aux, len(b))
+	}
+	dst := GetShared(int(req.GetLength()))
+	var m [readMetaLen]byte
+	putRead(m[:], req)
+	cl, err := c.doOn(ctx, cc, opReadChunk, m[:], nil, dst, nil)
+	if err == nil {
+		err = cl.callError()
+	}
+	if err != nil {
+		PutShared(dst)
+		return nil, err
+	}
+	if len(cl.data) == 0 || &cl.data[0] != &dst[0] {
+		PutShared(dst) // nothing read, or it did not fit: received into a new buffer
 	}
 	return cl.data, nil
 }

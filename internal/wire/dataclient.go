@@ -42,3 +42,9 @@ func (d DataClient) SyncFile(ctx context.Context, in *weftv1.SyncFileRequest, _ 
 func (d DataClient) ReadChunkInto(ctx context.Context, in *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
 	return d.W.ReadChunkInto(ctx, in, dst)
 }
+
+// ReadChunkShared reads into a buffer it returns (see
+// Client.ReadChunkShared).
+func (d DataClient) ReadChunkShared(ctx context.Context, in *weftv1.ReadChunkRequest) ([]byte, error) {
+	return d.W.ReadChunkShared(ctx, in)
+}

@@ -12,7 +12,7 @@
 //	  payloadLen  u32  bytes of bulk data after the fields
 //	  id          u64  request id, chosen by the client; the answer has the same
 //	  timeoutMs   u32  requests: the caller's remaining deadline (0: none)
-//	  reserved    u32
+//	  aux         u32  answers to opReadShm: bytes placed in the arena
 //	fields (metaLen bytes: fixed little-endian fields per op)
 //	payload (payloadLen bytes: the data written, or read)
 //
@@ -22,7 +22,8 @@
 // which cancels the server's context for it. Payloads are received
 // straight into the destination buffer (pooled on the server, the caller's
 // on the client) and sent with writev (net.Buffers), so bulk data is
-// never copied by the protocol.
+// never copied by the protocol. On a Unix socket the payload need not
+// cross the socket at all: see shm.go.
 //
 // Errors travel as a gRPC status code, message and errno (the same as
 // package fserr puts into gRPC statuses), and the client returns them as
@@ -45,6 +46,9 @@ const (
 	opReadChunk  uint8 = 2
 	opSyncFile   uint8 = 3
 	opCancel     uint8 = 4
+	opAttach     uint8 = 5 // Unix socket: the client's arena comes with it (SCM_RIGHTS)
+	opWriteShm   uint8 = 6 // opWriteChunk whose data lies in the client's arena
+	opReadShm    uint8 = 7 // opReadChunk into the client's arena
 	opResponse   uint8 = 0x80
 )
 
@@ -61,10 +65,13 @@ var preface = [8]byte{'w', 'e', 'f', 't', 'w', 'i', 'r', '1'}
 
 // Fixed sizes of the op fields.
 const (
-	writeMetaLen = 64
-	readMetaLen  = 48
-	syncMetaLen  = 40
-	respMetaMin  = 12 // code, errno, flags; then the message
+	writeMetaLen    = 64
+	readMetaLen     = 48
+	syncMetaLen     = 40
+	attachMetaLen   = 8                 // the arena's size
+	writeShmMetaLen = writeMetaLen + 16 // + arena offset and length of the data
+	readShmMetaLen  = readMetaLen + 16  // + arena offset and room of the destination
+	respMetaMin     = 12                // code, errno, flags; then the message
 )
 
 // Flags of requests and responses.
@@ -83,6 +90,7 @@ type header struct {
 	payloadLen int
 	id         uint64
 	timeoutMs  uint32
+	aux        uint32
 }
 
 func (h header) put(b []byte) {
@@ -92,7 +100,7 @@ func (h header) put(b []byte) {
 	le.PutUint32(b[4:], uint32(h.payloadLen))
 	le.PutUint64(b[8:], h.id)
 	le.PutUint32(b[16:], h.timeoutMs)
-	le.PutUint32(b[20:], 0)
+	le.PutUint32(b[20:], h.aux)
 }
 
 // errProtocol marks a malformed frame: the connection cannot go on.
@@ -100,7 +108,7 @@ var errProtocol = errors.New("wire protocol error")
 
 func parseHeader(b []byte) (header, error) {
 	h := header{op: b[0], metaLen: int(le.Uint16(b[2:])), payloadLen: int(le.Uint32(b[4:])),
-		id: le.Uint64(b[8:]), timeoutMs: le.Uint32(b[16:])}
+		id: le.Uint64(b[8:]), timeoutMs: le.Uint32(b[16:]), aux: le.Uint32(b[20:])}
 	if b[1] != frameVersion {
 		return h, fmt.Errorf("%w: frame version %d, this side speaks %d (mixed weft versions?)", errProtocol, b[1], frameVersion)
 	}
@@ -192,6 +200,12 @@ func metaLenOf(op uint8) int {
 		return syncMetaLen
 	case opCancel:
 		return 0
+	case opAttach:
+		return attachMetaLen
+	case opWriteShm:
+		return writeShmMetaLen
+	case opReadShm:
+		return readShmMetaLen
 	}
 	return -1
 }

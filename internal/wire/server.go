@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/fserr"
@@ -30,6 +32,13 @@ type Handler interface {
 // buf back with PutBuffer once the answer is sent.
 type PooledReader interface {
 	ReadChunkPooled(ctx context.Context, req *weftv1.ReadChunkRequest) (data, buf []byte, err error)
+}
+
+// AllocReader is implemented by a Handler that can read into a buffer
+// the caller gives (alloc returns one of n bytes): chunk reads into a
+// client's shared arena (opReadShm) land in it without a copy.
+type AllocReader interface {
+	ReadChunkAlloc(ctx context.Context, req *weftv1.ReadChunkRequest, alloc func(n int) []byte) (data, buf []byte, err error)
 }
 
 // maxInFlight bounds the requests a connection runs at once; past it the
@@ -130,6 +139,9 @@ type serverConn struct {
 	sem     chan struct{}
 	running sync.WaitGroup // requests being handled
 	done    chan struct{}  // closed when the connection is finished
+
+	fds   *fdReader  // Unix socket: descriptors received
+	arena *peerArena // the client's shared arena, once attached
 }
 
 // drain waits until the connection's requests are done (or deadline),
@@ -156,6 +168,8 @@ func (c *serverConn) run() {
 	defer c.s.wg.Done()
 	defer func() {
 		c.running.Wait()
+		c.arena.unmap()
+		c.fds.closeAll()
 		c.nc.Close()
 		c.s.mu.Lock()
 		delete(c.s.conns, c)
@@ -167,7 +181,12 @@ func (c *serverConn) run() {
 		// round trips through the scheduler.
 		uc.SetWriteBuffer(unixBuffer)
 	}
-	br := bufio.NewReaderSize(c.nc, 64<<10)
+	var r io.Reader = c.nc
+	if uc, ok := c.nc.(*net.UnixConn); ok {
+		c.fds = &fdReader{uc: uc}
+		r = c.fds
+	}
+	br := bufio.NewReaderSize(r, 64<<10)
 	var pre [8]byte
 	if err := readFull(br, pre[:]); err != nil {
 		return
@@ -215,6 +234,27 @@ func (c *serverConn) run() {
 			c.mu.Unlock()
 			continue
 		}
+		if h.op == opAttach {
+			c.respond(h.id, c.attach(), 0, 0, nil)
+			continue
+		}
+		var shmData, shmDst []byte
+		switch h.op {
+		case opWriteShm, opReadShm:
+			m := meta[:h.metaLen]
+			var ok bool
+			b, ok := c.arena.slice(le.Uint64(m[len(m)-16:]), le.Uint64(m[len(m)-8:]))
+			if !ok {
+				c.respond(h.id, status.Errorf(codes.InvalidArgument,
+					"lean data path: the request names bytes outside the shared arena (none attached, or a client bug)"), 0, 0, nil)
+				continue
+			}
+			if h.op == opWriteShm {
+				shmData = b
+			} else {
+				shmDst = b
+			}
+		}
 		var payload []byte
 		if h.payloadLen > 0 {
 			payload = GetBuffer(h.payloadLen)
@@ -237,12 +277,14 @@ func (c *serverConn) run() {
 		switch h.op {
 		case opWriteChunk:
 			req = getWrite(meta[:], payload)
-		case opReadChunk:
+		case opWriteShm:
+			req = getWrite(meta[:], shmData)
+		case opReadChunk, opReadShm:
 			req = getRead(meta[:])
 		case opSyncFile:
 			req = getSync(meta[:])
 		}
-		go c.handle(ctx, cancel, h, req, payload)
+		go c.handle(ctx, cancel, h, req, payload, shmDst)
 	}
 }
 
@@ -262,7 +304,28 @@ func (s *Server) identityPreface() []byte {
 }
 
 // maxFixedMeta is the largest request field block.
-const maxFixedMeta = writeMetaLen
+const maxFixedMeta = writeShmMetaLen
+
+// attach maps the client's arena, whose descriptor came with the
+// opAttach frame.
+func (c *serverConn) attach() error {
+	fd := c.fds.take()
+	switch {
+	case fd < 0:
+		return status.Error(codes.InvalidArgument, "lean data path: attach without a descriptor (only over the Unix socket)")
+	case c.arena != nil:
+		unix.Close(fd)
+		return status.Error(codes.AlreadyExists, "lean data path: an arena is already attached to this connection")
+	}
+	a, err := mapPeerArena(fd)
+	if err != nil {
+		c.s.log.Warn("lean data path: a client's shared arena could not be mapped; it sends data through the socket",
+			"err", err)
+		return status.Errorf(codes.FailedPrecondition, "lean data path: map the shared arena: %v", err)
+	}
+	c.arena = a
+	return nil
+}
 
 func (c *serverConn) readFailed(err error) {
 	if err == io.EOF || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -276,7 +339,7 @@ func (c *serverConn) readFailed(err error) {
 }
 
 // handle runs one request and sends its answer.
-func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h header, req any, payload []byte) {
+func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h header, req any, payload, dst []byte) {
 	defer func() {
 		c.mu.Lock()
 		delete(c.cancels, h.id)
@@ -290,6 +353,11 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		flags uint32
 		data  []byte
 	)
+	if r, ok := req.(*weftv1.ReadChunkRequest); ok && dst != nil {
+		n, err := c.readInto(ctx, r, dst)
+		c.respond(h.id, err, 0, uint32(n), nil)
+		return
+	}
 	switch r := req.(type) {
 	case *weftv1.WriteChunkRequest:
 		var resp *weftv1.WriteChunkResponse
@@ -299,7 +367,9 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		}
 		// Nothing holds the request's data once the handler returned
 		// (forwards have been sent).
-		PutBuffer(payload)
+		if payload != nil {
+			PutBuffer(payload)
+		}
 	case *weftv1.ReadChunkRequest:
 		if pr, ok := c.s.h.(PooledReader); ok {
 			var buf []byte
@@ -315,11 +385,51 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 	case *weftv1.SyncFileRequest:
 		_, err = c.s.h.SyncFile(ctx, r)
 	}
-	c.respond(h.id, err, flags, data)
+	c.respond(h.id, err, flags, 0, data)
 }
 
-// respond sends the answer to request id.
-func (c *serverConn) respond(id uint64, err error, flags uint32, data []byte) {
+// readInto serves a read into dst (the client's arena) and returns how
+// many bytes it placed there.
+func (c *serverConn) readInto(ctx context.Context, r *weftv1.ReadChunkRequest, dst []byte) (int, error) {
+	if int(r.GetLength()) > len(dst) {
+		return 0, status.Errorf(codes.InvalidArgument, "lean data path: read of %d bytes into %d of the shared arena", r.GetLength(), len(dst))
+	}
+	var data, buf []byte
+	var err error
+	if ar, ok := c.s.h.(AllocReader); ok {
+		data, buf, err = ar.ReadChunkAlloc(ctx, r, func(n int) []byte {
+			if n <= len(dst) {
+				return dst[:n]
+			}
+			return GetBuffer(n)
+		})
+		if buf != nil && !sameStart(buf, dst) {
+			defer PutBuffer(buf)
+		}
+	} else {
+		var resp *weftv1.ReadChunkResponse
+		resp, err = c.s.h.ReadChunk(ctx, r)
+		data = resp.GetData()
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(data) > len(dst) {
+		return 0, status.Errorf(codes.Internal, "lean data path: read answered %d bytes for %d asked", len(data), len(dst))
+	}
+	if !sameStart(data, dst) {
+		copy(dst, data)
+	}
+	return len(data), nil
+}
+
+// sameStart reports whether a and b start at the same byte.
+func sameStart(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
+}
+
+// respond sends the answer to request id; aux goes into the header.
+func (c *serverConn) respond(id uint64, err error, flags, aux uint32, data []byte) {
 	var code, errno uint32
 	var msg string
 	if err != nil {
@@ -341,7 +451,7 @@ func (c *serverConn) respond(id uint64, err error, flags uint32, data []byte) {
 	} else {
 		buf = make([]byte, n)
 	}
-	header{op: opResponse, metaLen: respMetaMin + len(msg), payloadLen: len(data), id: id}.put(buf)
+	header{op: opResponse, metaLen: respMetaMin + len(msg), payloadLen: len(data), id: id, aux: aux}.put(buf)
 	m := buf[headerLen:]
 	le.PutUint32(m[0:], code)
 	le.PutUint32(m[4:], errno)

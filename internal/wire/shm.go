@@ -1,0 +1,358 @@
+package wire
+
+import (
+	"fmt"
+	"math/bits"
+	"net"
+	"os"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shared memory on the Unix socket.
+//
+// A client on the same host as its data server gives the server, once per
+// Unix socket connection (opAttach, the descriptor sent with
+// SCM_RIGHTS), a memfd that both then map: the client's arena. Chunk
+// writes name the bytes to write by their place in the arena
+// (opWriteShm), and chunk reads the place to read into (opReadShm), so
+// bulk data crosses between the processes without passing through the
+// socket: the server writes the file straight from the client's buffer
+// and reads it straight into one.
+//
+// The memfd is sealed against shrinking (F_SEAL_SHRINK), so the server
+// can never touch a page that is gone (which would be SIGBUS), and is
+// mapped read-write only when the client opened it so.
+
+// Arena sizes: buffers of 64 KiB to 64 MiB, in power-of-two classes,
+// carved out of one mapping.
+const (
+	arenaMinShift = 16
+	arenaMaxShift = 26
+	// ArenaSize is the virtual size of a process's arena; pages take
+	// memory only once used.
+	ArenaSize = 1 << 30
+)
+
+// arena is the process's shared buffer space.
+type arena struct {
+	fd   int
+	mem  []byte
+	base uintptr
+
+	mu   sync.Mutex
+	next int                                      // bump offset
+	free [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class
+	live map[int]*slot                            // buffers handed out, by offset
+}
+
+// slot is a buffer handed out by get.
+type slot struct {
+	class int
+	lent  int  // requests a server may still be serving from or into it
+	freed bool // given back while lent: free once no longer lent
+}
+
+var (
+	theArena     *arena
+	theArenaErr  error
+	theArenaOnce sync.Once
+)
+
+// sharedArena returns the process's arena, made on first use; nil (with
+// the reason) if the platform gives none.
+func sharedArena() (*arena, error) {
+	theArenaOnce.Do(func() {
+		theArena, theArenaErr = newArena(ArenaSize)
+	})
+	return theArena, theArenaErr
+}
+
+func newArena(size int) (*arena, error) {
+	fd, err := unix.MemfdCreate("weft-wire-arena", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	fail := func(what string, err error) (*arena, error) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s of the shared arena: %w", what, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("size", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fail("seal", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("map", err)
+	}
+	return &arena{fd: fd, mem: mem, base: uintptr(unsafe.Pointer(&mem[0])), live: make(map[int]*slot)}, nil
+}
+
+// arenaClass is the class of an n-byte buffer, or -1 if no class holds it.
+func arenaClass(n int) int {
+	if n <= 0 || n > 1<<arenaMaxShift {
+		return -1
+	}
+	if n <= 1<<arenaMinShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - arenaMinShift
+}
+
+// get returns n bytes of the arena (not zeroed), or nil when it has no
+// room for them.
+func (a *arena) get(n int) []byte {
+	c := arenaClass(n)
+	if c < 0 {
+		return nil
+	}
+	size := 1 << (c + arenaMinShift)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var off int
+	if l := len(a.free[c]); l > 0 {
+		off = a.free[c][l-1]
+		a.free[c] = a.free[c][:l-1]
+	} else {
+		off = (a.next + size - 1) &^ (size - 1)
+		if off+size > len(a.mem) {
+			return nil
+		}
+		a.next = off + size
+	}
+	a.live[off] = &slot{class: c}
+	return a.mem[off : off+n : off+size]
+}
+
+// put gives back a buffer of get (b starts where it starts). A buffer
+// still lent to a server is freed only once the server is done with it.
+func (a *arena) put(b []byte) {
+	off, ok := a.offset(b)
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[int(off)]
+	switch {
+	case s == nil || s.freed:
+		return
+	case s.lent > 0:
+		s.freed = true
+		return
+	}
+	a.freeLocked(int(off), s)
+}
+
+func (a *arena) freeLocked(off int, s *slot) {
+	delete(a.live, off)
+	a.free[s.class] = append(a.free[s.class], off)
+}
+
+// lend marks buffer b (which starts where a buffer of get starts) as
+// being served by a server: put does not free it until unlend. It reports
+// false if b is no such buffer.
+func (a *arena) lend(b []byte) bool {
+	off, ok := a.offset(b)
+	if !ok {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[int(off)]
+	if s == nil || s.freed {
+		return false
+	}
+	s.lent++
+	return true
+}
+
+// unlend ends a lend of b: the server has answered.
+func (a *arena) unlend(b []byte) {
+	off, _ := a.offset(b)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.live[int(off)]
+	if s == nil {
+		return
+	}
+	s.lent--
+	if s.lent == 0 && s.freed {
+		a.freeLocked(int(off), s)
+	}
+}
+
+// offset is where b starts in the arena, if it lies wholly in it.
+func (a *arena) offset(b []byte) (uint64, bool) {
+	if a == nil || cap(b) == 0 {
+		return 0, false
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if p < a.base || p+uintptr(len(b)) > a.base+uintptr(len(a.mem)) {
+		return 0, false
+	}
+	return uint64(p - a.base), true
+}
+
+// GetShared returns a buffer of n bytes (not zeroed) from the process's
+// shared arena when it has room, else from the pool (GetBuffer). Data
+// written from it, or read into it, over a Unix socket connection to a
+// data server does not pass through the socket. Give it back with
+// PutShared.
+func GetShared(n int) []byte {
+	if a, _ := sharedArena(); a != nil {
+		if b := a.get(n); b != nil {
+			return b
+		}
+	}
+	return GetBuffer(n)
+}
+
+// ReserveShared returns a buffer of n bytes of the process's shared
+// arena, or nil when the arena has no room (or there is none). Its pages
+// take memory only once written. Give it back with PutShared.
+func ReserveShared(n int) []byte {
+	if a, _ := sharedArena(); a != nil {
+		return a.get(n)
+	}
+	return nil
+}
+
+// PutShared gives back a buffer of GetShared.
+func PutShared(b []byte) {
+	if a := theArenaIfMade(); a != nil {
+		if _, ok := a.offset(b); ok {
+			a.put(b)
+			return
+		}
+	}
+	PutBuffer(b)
+}
+
+// theArenaIfMade is the process's arena if one was made.
+func theArenaIfMade() *arena {
+	if a, _ := sharedArena(); a != nil {
+		return a
+	}
+	return nil
+}
+
+// peerArena is a client's arena as its server maps it.
+type peerArena struct {
+	mem []byte
+}
+
+// maxPeerArena bounds the arena a client may give a server.
+const maxPeerArena = 16 << 30
+
+// mapPeerArena maps the memfd fd a client sent; fd is closed.
+func mapPeerArena(fd int) (*peerArena, error) {
+	defer unix.Close(fd)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("not a sealed memfd: %w", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("the memfd may shrink (seal it with F_SEAL_SHRINK)")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat: %w", err)
+	}
+	if st.Size <= 0 || st.Size > maxPeerArena {
+		return nil, fmt.Errorf("arena of %d bytes (at most %d)", st.Size, int64(maxPeerArena))
+	}
+	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map: %w", err)
+	}
+	return &peerArena{mem: mem}, nil
+}
+
+// slice returns [off, off+n) of the arena, or false if out of it.
+func (p *peerArena) slice(off, n uint64) ([]byte, bool) {
+	if p == nil || n > uint64(len(p.mem)) || off > uint64(len(p.mem))-n {
+		return nil, false
+	}
+	return p.mem[off : off+n : off+n], true
+}
+
+// unmap releases the mapping; nothing may use it afterwards.
+func (p *peerArena) unmap() {
+	if p != nil && p.mem != nil {
+		unix.Munmap(p.mem)
+		p.mem = nil
+	}
+}
+
+// shmOffEnv turns the shared arena off for the processes that have it
+// set (to measure the socket path, or where memfds misbehave).
+const shmOffEnv = "WEFT_WIRE_SHM"
+
+// shmWanted reports whether this process offers its arena to servers.
+func shmWanted() bool { return os.Getenv(shmOffEnv) != "off" }
+
+// fdReader reads a Unix socket connection and keeps the descriptors that
+// come with its bytes (SCM_RIGHTS), for opAttach.
+type fdReader struct {
+	uc  *net.UnixConn
+	oob [64]byte
+
+	mu  sync.Mutex
+	fds []int
+}
+
+// Read implements io.Reader.
+func (r *fdReader) Read(p []byte) (int, error) {
+	n, oobn, _, _, err := r.uc.ReadMsgUnix(p, r.oob[:])
+	if oobn > 0 {
+		r.keep(r.oob[:oobn])
+	}
+	return max(n, 0), err
+}
+
+// keep parses control messages and keeps their descriptors.
+func (r *fdReader) keep(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		r.mu.Lock()
+		r.fds = append(r.fds, fds...)
+		r.mu.Unlock()
+	}
+}
+
+// take returns the oldest descriptor received, or -1.
+func (r *fdReader) take() int {
+	if r == nil {
+		return -1
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.fds) == 0 {
+		return -1
+	}
+	fd := r.fds[0]
+	r.fds = r.fds[1:]
+	return fd
+}
+
+// closeAll closes the descriptors nobody took.
+func (r *fdReader) closeAll() {
+	if r == nil {
+		return
+	}
+	for fd := r.take(); fd >= 0; fd = r.take() {
+		unix.Close(fd)
+	}
+}

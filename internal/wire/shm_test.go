@@ -1,0 +1,172 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// memHandler stores chunks in memory; it has an identity, so clients use
+// its Unix socket, and can read into the caller's buffer (AllocReader).
+type memHandler struct {
+	idHandler
+	mu     sync.Mutex
+	chunks map[uint64][]byte
+	hold   chan struct{} // if set, reads wait for it
+}
+
+func (h *memHandler) WriteChunk(_ context.Context, r *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.chunks[r.GetChunk().GetIndex()] = bytes.Clone(r.GetData())
+	return &weftv1.WriteChunkResponse{}, nil
+}
+
+func (h *memHandler) ReadChunk(ctx context.Context, r *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error) {
+	data, _, err := h.ReadChunkAlloc(ctx, r, func(n int) []byte { return make([]byte, n) })
+	return &weftv1.ReadChunkResponse{Data: data}, err
+}
+
+func (h *memHandler) ReadChunkAlloc(_ context.Context, r *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
+	if h.hold != nil {
+		<-h.hold
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := h.chunks[r.GetChunk().GetIndex()]
+	end := min(int(r.GetOffset())+int(r.GetLength()), len(d))
+	if int(r.GetOffset()) >= end {
+		return nil, nil, nil
+	}
+	buf = alloc(end - int(r.GetOffset()))
+	copy(buf, d[r.GetOffset():end])
+	return buf, buf, nil
+}
+
+func startShm(t *testing.T, h *memHandler) *Client {
+	t.Helper()
+	h.chunks = map[uint64][]byte{}
+	sock := filepath.Join(socketDir(t), "wire.sock")
+	tcp := serveBoth(t, h, sock)
+	c := NewClient(Addr{TCP: tcp, Unix: sock, ID: h.id}.String(), 2)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Writes and reads over the Unix socket carry their data through the
+// shared arena, whatever buffer the caller has, and the bytes arrive
+// intact.
+func TestSharedArenaRoundTrip(t *testing.T) {
+	c := startShm(t, &memHandler{idHandler: idHandler{id: "shm-a", name: "a"}})
+	ctx := context.Background()
+	for i, n := range []int{1, 8 << 10, 64<<10 + 1, 1 << 20, 8 << 20} {
+		data := make([]byte, n)
+		for j := range data {
+			data[j] = byte(j*13 + i)
+		}
+		if _, err := c.WriteChunk(ctx, &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{Index: uint64(i)}, Data: data}); err != nil {
+			t.Fatalf("write %d bytes: %v", n, err)
+		}
+		for _, dst := range [][]byte{nil, make([]byte, n+10), GetShared(n + 10)} {
+			got, err := c.ReadChunkInto(ctx, &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Index: uint64(i)}, Length: uint32(n + 10)}, dst)
+			if err != nil {
+				t.Fatalf("read %d bytes: %v", n, err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("read back %d bytes, want %d equal bytes", len(got), n)
+			}
+		}
+	}
+	if c.UnixConns() == 0 || c.ShmCalls() != c.Calls() {
+		t.Fatalf("%d of %d requests through the arena (%d Unix socket connections), want all", c.ShmCalls(), c.Calls(), c.UnixConns())
+	}
+}
+
+// With WEFT_WIRE_SHM=off the data goes through the socket.
+func TestSharedArenaOff(t *testing.T) {
+	t.Setenv(shmOffEnv, "off")
+	c := startShm(t, &memHandler{idHandler: idHandler{id: "shm-b", name: "b"}})
+	ctx := context.Background()
+	if _, err := c.WriteChunk(ctx, &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{}, Data: []byte("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ReadChunkInto(ctx, &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{}, Length: 5}, nil)
+	if err != nil || string(got) != "hello" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if c.UnixConns() == 0 || c.ShmCalls() != 0 {
+		t.Fatalf("%d requests through the arena, %d Unix connections; want 0 and some", c.ShmCalls(), c.UnixConns())
+	}
+}
+
+// A read its caller gave up on keeps its arena buffer until the server
+// has answered: the server never fills memory handed out again.
+func TestSharedArenaAbandonedRead(t *testing.T) {
+	h := &memHandler{idHandler: idHandler{id: "shm-c", name: "c"}, hold: make(chan struct{})}
+	c := startShm(t, h)
+	h.chunks[0] = bytes.Repeat([]byte{0xAB}, 1<<20)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.ReadChunkInto(ctx, &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{}, Length: 1 << 20}, nil); err == nil {
+		t.Fatal("read finished though the server held it")
+	}
+	// While the server holds the read, the arena must not hand out the
+	// buffer it will fill.
+	var taken [][]byte
+	for range 8 {
+		b := GetShared(1 << 20)
+		for i := range b {
+			b[i] = 0x11
+		}
+		taken = append(taken, b)
+	}
+	close(h.hold)
+	time.Sleep(100 * time.Millisecond) // the held read completes into its buffer
+	for _, b := range taken {
+		if i := bytes.IndexByte(b, 0xAB); i >= 0 {
+			t.Fatalf("a buffer handed out while lent to the server was filled by it (byte %d)", i)
+		}
+		PutShared(b)
+	}
+}
+
+// The server maps only sealed memfds: one that could shrink under it
+// (SIGBUS) is refused.
+func TestPeerArenaNeedsSeal(t *testing.T) {
+	fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skip("no memfd:", err)
+	}
+	if err := unix.Ftruncate(fd, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mapPeerArena(fd); err == nil {
+		t.Fatal("an unsealed memfd was mapped")
+	}
+	a, err := newArena(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup, err := unix.Dup(a.fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := mapPeerArena(dup)
+	if err != nil {
+		t.Fatalf("sealed arena refused: %v", err)
+	}
+	defer p.unmap()
+	if _, ok := p.slice(1<<20-10, 11); ok {
+		t.Error("a slice past the arena's end was allowed")
+	}
+	if b, ok := p.slice(1<<20-10, 10); !ok || len(b) != 10 {
+		t.Error("the arena's last bytes were refused")
+	}
+}
