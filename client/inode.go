@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -344,12 +345,26 @@ func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, fu
 		return nil, nil, err
 	}
 	if len(sp) == 1 {
-		if v, release := in.windowView(ctx, sp[0]); release != nil {
+		s := sp[0]
+		if v, release := in.windowView(ctx, s); release != nil {
 			return v, release, nil
+		}
+		if s.n >= minViewRead {
+			// Read into a buffer of the lean data path (filled in place
+			// by a data server on this host) and answer from it.
+			buf, err := in.c.readChunkOwned(ctx, in.ino, layout, s.index, s.off, int(s.n))
+			if err != nil {
+				return nil, nil, err
+			}
+			return buf, func() { wire.PutShared(buf) }, nil
 		}
 	}
 	return p[:n], nil, in.readSpans(ctx, layout, sp, p)
 }
+
+// minViewRead is the least read that readView answers from a buffer of
+// its own rather than copying into the caller's.
+const minViewRead = 16 << 10
 
 // planRead clips a read of want bytes at off to the file's size, splits
 // it into chunk spans, starts read-ahead, and sends the buffered writes it

@@ -1,6 +1,10 @@
 package client
 
 import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"syscall"
 	"testing"
 
 	"github.com/weft-fs/weft/internal/wire"
@@ -30,5 +34,65 @@ func TestChunkIOOverUnixSocket(t *testing.T) {
 		if w.Calls() > 0 && w.ShmCalls() == 0 {
 			t.Errorf("%d requests to %s, none with its data in the shared arena", w.Calls(), addr)
 		}
+	}
+}
+
+// ReadView answers from the client's own buffers (read-ahead windows and
+// buffers the data server filled in place) with the file's bytes, and
+// those buffers go back only when released.
+func TestReadViewReadsRight(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(5, 6))
+	const size = 5<<20 + 777
+	model := randomBytes(rnd, size)
+	f := create(t, c, "views", syscall.O_WRONLY)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		offsets   func(i int) int64
+		n         int
+		wantViews bool
+	}{
+		{"sequential 128 KiB (read-ahead windows)", func(i int) int64 { return int64(i) * 128 << 10 }, 128 << 10, true},
+		{"random 256 KiB", func(int) int64 { return rnd.Int64N(size) }, 256 << 10, true},
+		{"random 8 KiB", func(int) int64 { return rnd.Int64N(size) }, 8 << 10, false},
+		{"across a chunk boundary", func(i int) int64 { return int64(i+1)<<20 - 1000 }, 64 << 10, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, _ := open(t, c, "views", syscall.O_RDONLY)
+			defer g.Release(ctx)
+			p := make([]byte, tt.n)
+			var views int
+			for i := range 40 {
+				off := tt.offsets(i)
+				if off >= size {
+					break
+				}
+				data, release, err := g.ReadView(ctx, p, off)
+				if err != nil {
+					t.Fatalf("read %d at %d: %v", tt.n, off, err)
+				}
+				want := model[off:min(off+int64(tt.n), size)]
+				if !bytes.Equal(data, want) {
+					t.Fatalf("read %d at %d: wrong bytes", tt.n, off)
+				}
+				if release != nil {
+					views++
+					release()
+				}
+			}
+			if tt.wantViews && views == 0 {
+				t.Errorf("no read of %d bytes was answered from the client's buffers", tt.n)
+			}
+		})
 	}
 }

@@ -48,7 +48,7 @@ func (b *chunkBuf) newExtent(off uint64, p []byte) []byte {
 // release gives back the buffers of every extent; b is empty afterwards.
 func (b *chunkBuf) release() {
 	for _, e := range b.extents {
-		wire.PutShared(e.data)
+		wire.ReleaseShared(e.data)
 	}
 	b.extents, b.size = nil, 0
 }
@@ -93,7 +93,7 @@ func (b *chunkBuf) write(off uint64, p []byte) int64 {
 	for _, e := range b.extents[i:j] {
 		copy(data[e.off-start:], e.data)
 		removed += int64(len(e.data))
-		wire.PutShared(e.data)
+		wire.ReleaseShared(e.data)
 	}
 	copy(data[off-start:], p)
 	b.extents = append(b.extents[:i+1], b.extents[j:]...)
@@ -115,7 +115,7 @@ func (b *chunkBuf) truncate(size uint64) int64 {
 	b.size = 0
 	for _, e := range b.extents {
 		if e.off >= size {
-			wire.PutShared(e.data)
+			wire.ReleaseShared(e.data)
 			continue
 		}
 		if e.end() > size {

@@ -34,6 +34,9 @@ const (
 	// ArenaSize is the virtual size of a process's arena; pages take
 	// memory only once used.
 	ArenaSize = 1 << 30
+	// maxIdleArena bounds the memory free buffers keep for reuse; the
+	// pages of more are given back to the system.
+	maxIdleArena = 64 << 20
 )
 
 // arena is the process's shared buffer space.
@@ -44,7 +47,9 @@ type arena struct {
 
 	mu   sync.Mutex
 	next int                                      // bump offset
-	free [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class
+	free [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class, pages kept
+	cold [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class, pages dropped
+	hot  int                                      // bytes on the free lists with pages kept
 	live map[int]*slot                            // buffers handed out, by offset
 }
 
@@ -117,6 +122,10 @@ func (a *arena) get(n int) []byte {
 	if l := len(a.free[c]); l > 0 {
 		off = a.free[c][l-1]
 		a.free[c] = a.free[c][:l-1]
+		a.hot -= size
+	} else if l := len(a.cold[c]); l > 0 {
+		off = a.cold[c][l-1]
+		a.cold[c] = a.cold[c][:l-1]
 	} else {
 		off = (a.next + size - 1) &^ (size - 1)
 		if off+size > len(a.mem) {
@@ -150,7 +159,20 @@ func (a *arena) put(b []byte) {
 
 func (a *arena) freeLocked(off int, s *slot) {
 	delete(a.live, off)
-	a.free[s.class] = append(a.free[s.class], off)
+	size := 1 << (s.class + arenaMinShift)
+	if a.hot+size <= maxIdleArena {
+		a.free[s.class] = append(a.free[s.class], off)
+		a.hot += size
+		return
+	}
+	// Enough idle memory is kept: give this buffer's pages back to the
+	// system (the server's mapping sees zeros there, which nobody reads).
+	if err := unix.Madvise(a.mem[off:off+size], unix.MADV_REMOVE); err != nil {
+		a.free[s.class] = append(a.free[s.class], off)
+		a.hot += size
+		return
+	}
+	a.cold[s.class] = append(a.cold[s.class], off)
 }
 
 // lend marks buffer b (which starts where a buffer of get starts) as
@@ -220,6 +242,15 @@ func ReserveShared(n int) []byte {
 		return a.get(n)
 	}
 	return nil
+}
+
+// ReleaseShared gives back b if it is a buffer of the shared arena
+// (ReserveShared), and does nothing for any other: unlike PutShared it
+// never pools memory that came from elsewhere.
+func ReleaseShared(b []byte) {
+	if a := theArenaIfMade(); a != nil {
+		a.put(b)
+	}
 }
 
 // PutShared gives back a buffer of GetShared.

@@ -170,3 +170,43 @@ func TestPeerArenaNeedsSeal(t *testing.T) {
 		t.Error("the arena's last bytes were refused")
 	}
 }
+
+// Freed buffers keep their pages up to a bound; past it their pages go
+// back to the system, and a buffer handed out again still works.
+func TestArenaIdleBound(t *testing.T) {
+	a, err := newArena(256 << 20)
+	if err != nil {
+		t.Skip("no arena:", err)
+	}
+	var bufs [][]byte
+	for range 128 {
+		b := a.get(1 << 20)
+		if b == nil {
+			t.Fatal("arena full")
+		}
+		for i := range b {
+			b[i] = 7
+		}
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs {
+		a.put(b)
+	}
+	if a.hot > maxIdleArena {
+		t.Fatalf("%d idle bytes kept, bound %d", a.hot, maxIdleArena)
+	}
+	cold := 0
+	for _, l := range a.cold {
+		cold += len(l)
+	}
+	if cold != 128-maxIdleArena/(1<<20) {
+		t.Fatalf("%d buffers had their pages dropped, want %d", cold, 128-maxIdleArena/(1<<20))
+	}
+	for range 128 {
+		b := a.get(1 << 20)
+		if b == nil {
+			t.Fatal("freed buffers not reused")
+		}
+		b[0], b[len(b)-1] = 1, 2
+	}
+}
