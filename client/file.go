@@ -111,6 +111,11 @@ func (c *Client) dropRef(in *inode) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.opens--
+	if in.opens <= 0 {
+		// The next open drops them anyway; their buffers (the lean data
+		// path's) go back now.
+		in.dropReadAheadLocked()
+	}
 	if in.opens <= 0 && len(in.dirty) == 0 && len(in.inflight) == 0 && !in.writtenLocked() && in.err == nil {
 		delete(c.inodes, in.ino)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -94,5 +95,52 @@ func TestReadViewReadsRight(t *testing.T) {
 				t.Errorf("no read of %d bytes was answered from the client's buffers", tt.n)
 			}
 		})
+	}
+}
+
+// The shared arena's buffers come back once files are closed: write
+// buffers after their sends, read-ahead windows at the last close.
+func TestArenaBuffersComeBack(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	before := wire.ArenaInUse()
+	model := randomBytes(rand.New(rand.NewPCG(7, 8)), 6<<20)
+	for round := range 3 {
+		f := create(t, c, "arena-"+itoa(round), syscall.O_WRONLY)
+		for off := 0; off < len(model); off += 200 << 10 {
+			if _, err := f.WriteAt(ctx, model[off:min(off+200<<10, len(model))], int64(off)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		g, _ := open(t, c, "arena-"+itoa(round), syscall.O_RDONLY)
+		// Read on until a read-ahead window is out, and close then.
+		p := make([]byte, 128<<10)
+		held := false
+		for off := 0; off < len(model) && !held; off += len(p) {
+			if n, err := g.ReadAt(ctx, p, int64(off)); err != nil || !bytes.Equal(p[:n], model[off:off+n]) {
+				t.Fatalf("read at %d: %d bytes, %v, or wrong bytes", off, n, err)
+			}
+			g.in.mu.Lock()
+			held = len(g.in.ra) > 0
+			g.in.mu.Unlock()
+		}
+		if !held {
+			t.Fatal("a sequential reader got no read-ahead window")
+		}
+		if err := g.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for wire.ArenaInUse() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes of the shared arena still in use after every file was closed (%d before)", wire.ArenaInUse(), before)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

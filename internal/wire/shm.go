@@ -387,3 +387,19 @@ func (r *fdReader) closeAll() {
 		unix.Close(fd)
 	}
 }
+
+// ArenaInUse is the number of bytes of the process's shared arena handed
+// out and not given back (buffers of classes, so rounded up).
+func ArenaInUse() int64 {
+	a := theArenaIfMade()
+	if a == nil {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var n int64
+	for _, s := range a.live {
+		n += 1 << (s.class + arenaMinShift)
+	}
+	return n
+}
