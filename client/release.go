@@ -72,6 +72,9 @@ func (c *Client) releaseLater(ctx context.Context, ino uint64, session string) e
 func (c *Client) sendRelease(ctx context.Context, req *weftv1.ReleaseRequest) error {
 	c.countMeta()
 	if _, err := c.meta.Release(ctx, req); err != nil {
+		if len(req.MoreInos) > 0 {
+			return fmt.Errorf("release files %d and %d more with the meta service: %w", req.Ino, len(req.MoreInos), err)
+		}
 		return fmt.Errorf("release file %d with the meta service: %w", req.Ino, err)
 	}
 	return nil
@@ -91,9 +94,7 @@ func (c *Client) releaseWorker() {
 			r.mu.Unlock()
 			return
 		}
-		req := r.queue[0]
-		r.queue[0] = nil
-		r.queue = r.queue[1:]
+		req := r.takeBatchLocked()
 		r.busy++
 		r.mu.Unlock()
 
@@ -104,6 +105,30 @@ func (c *Client) releaseWorker() {
 		r.cond.Broadcast()
 		r.mu.Unlock()
 	}
+}
+
+// releaseBatch is the most releases one Release call carries.
+const releaseBatch = 32
+
+// takeBatchLocked takes the first queued release and the releases of the
+// same session queued after it (up to releaseBatch in all), as one
+// request. Called with r.mu held and the queue not empty.
+func (r *releaser) takeBatchLocked() *weftv1.ReleaseRequest {
+	first := r.queue[0]
+	req := &weftv1.ReleaseRequest{Ino: first.Ino, Session: first.Session}
+	keep := r.queue[:0]
+	for i, q := range r.queue {
+		switch {
+		case i == 0:
+		case q.Session == req.Session && len(req.MoreInos) < releaseBatch-1:
+			req.MoreInos = append(req.MoreInos, q.Ino)
+		default:
+			keep = append(keep, q)
+		}
+	}
+	clear(r.queue[len(keep):])
+	r.queue = keep
+	return req
 }
 
 // releaseWithRetry sends req, retrying transient errors for a while.

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // chunkFiles counts the chunk files on the cluster's data servers.
@@ -141,4 +143,45 @@ func itoa(i int) string {
 		return digits[i : i+1]
 	}
 	return itoa(i/10) + digits[i%10:i%10+1]
+}
+
+// The background releaser sends the queued releases of one session
+// together, keeping the queue's order and other sessions' releases.
+func TestReleaseBatches(t *testing.T) {
+	q := func(session string, ino uint64) *weftv1.ReleaseRequest {
+		return &weftv1.ReleaseRequest{Ino: ino, Session: session}
+	}
+	many := func(n int) []*weftv1.ReleaseRequest {
+		var rs []*weftv1.ReleaseRequest
+		for i := range n {
+			rs = append(rs, q("s", uint64(i+1)))
+		}
+		return rs
+	}
+	tests := []struct {
+		name     string
+		queue    []*weftv1.ReleaseRequest
+		wantIno  uint64
+		wantMore int
+		wantLeft int
+	}{
+		{"one", many(1), 1, 0, 0},
+		{"one session", many(10), 1, 9, 0},
+		{"other sessions stay", []*weftv1.ReleaseRequest{q("a", 1), q("b", 2), q("a", 3), q("b", 4)}, 1, 1, 2},
+		{"at most a batch", many(releaseBatch + 5), 1, releaseBatch - 1, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &releaser{queue: tt.queue}
+			req := r.takeBatchLocked()
+			if req.Ino != tt.wantIno || len(req.MoreInos) != tt.wantMore || len(r.queue) != tt.wantLeft {
+				t.Fatalf("batch ino %d with %d more, %d left; want %d, %d, %d", req.Ino, len(req.MoreInos), len(r.queue), tt.wantIno, tt.wantMore, tt.wantLeft)
+			}
+			for _, left := range r.queue {
+				if left == nil || (left.Session == req.Session && len(req.MoreInos) < releaseBatch-1) {
+					t.Fatalf("queue left %v", r.queue)
+				}
+			}
+		})
+	}
 }

@@ -525,6 +525,9 @@ func (f *fscker) checkParents(ctx context.Context) error {
 				if err := x.t.Set(parentKey(dir), be64(kept.parent)); err != nil {
 					return nil, err
 				}
+				if err := x.bumpLayoutGen(); err != nil {
+					return nil, err
+				}
 			}
 			return problem(fsckParent, dir, kept.parent, kept.name, repair, "directory %d (%q in directory %d) has %s", dir, kept.name, kept.parent, what), nil
 		})

@@ -288,6 +288,9 @@ func (f *fscker) moveToLostFound(x *tx, a *weftv1.Attr, oldParent uint64, oldNam
 		if err := x.t.Set(parentKey(a.Ino), be64(lf.Ino)); err != nil {
 			return "", err
 		}
+		if err := x.bumpLayoutGen(); err != nil {
+			return "", err
+		}
 	} else {
 		a.Nlink = 1
 	}

@@ -44,6 +44,9 @@ import (
 //	                                   ino (be64): index of a session's locks
 //	n/rq/<request id>                  applied namespace request (expiry), so a  mutations from clients with
 //	                                   resent one is applied once (ha_requests)  several meta servers
+//	n/lg                               layout generation (be64): bumped by every  setlayout on a directory, rename
+//	                                   change that may alter the effective       of a directory to another parent,
+//	                                   layout of directories (layoutcache.go)    fsck moving a directory
 //	n/cbw                              id of the meta server of the last write   every update (etcd engine)
 //	                                   (lets callbacks skip a server's own
 //	                                   changes; nobody reads it)
@@ -57,6 +60,7 @@ var (
 	keyNextIno    = []byte("n/next")
 	keyCountFiles = []byte("n/cnt/files")
 	keyCountDirs  = []byte("n/cnt/dirs")
+	keyLayoutGen  = []byte("n/lg")
 
 	prefixInode   = []byte("n/i/")
 	prefixSymlink = []byte("n/l/")

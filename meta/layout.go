@@ -171,6 +171,9 @@ func (s *Service) SetLayout(ctx context.Context, req *weftv1.SetLayoutRequest) (
 		if err := x.t.Set(layoutKey(a.Ino), v); err != nil {
 			return err
 		}
+		if err := x.bumpLayoutGen(); err != nil {
+			return err
+		}
 		return x.putInode(a)
 	})
 	if err != nil {

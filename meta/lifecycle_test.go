@@ -329,3 +329,69 @@ func TestNoDataServers(t *testing.T) {
 		t.Fatalf("statfs %v, %v", st, err)
 	}
 }
+
+// One Release call with more_inos releases every file it names, in one
+// transaction: orphans among them go, the others lose one open each.
+func TestReleaseBatch(t *testing.T) {
+	e := newEnv(t)
+	s, err := e.s.OpenSession(e.ctx, &weftv1.OpenSessionRequest{Host: "h", MountPoint: "/m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inos []uint64
+	for i := range 5 {
+		cr, err := e.s.Create(e.ctx, &weftv1.CreateRequest{Caller: root, Parent: rootIno, Name: "b" + string(rune('0'+i)), Mode: 0o644, Session: s.Session, Exclusive: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inos = append(inos, cr.Attr.Ino)
+	}
+	// Files 0 and 1 are unlinked while open (orphans); file 4 is open
+	// twice.
+	for _, name := range []string{"b0", "b1"} {
+		if err := e.unlink(root, rootIno, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: inos[4], Flags: syscall.O_RDONLY, Session: s.Session}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: inos[0], Session: s.Session, MoreInos: inos[1:]}); err != nil {
+		t.Fatal(err)
+	}
+	for i, ino := range inos {
+		_, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: ino})
+		if gone := errnoOf(t, err) == syscall.ENOENT; gone != (i < 2) {
+			t.Errorf("file %d: gone = %v after the batched release (err %v)", i, gone, err)
+		}
+	}
+	if e.gcPending() != 2 {
+		t.Errorf("gc pending %d, want the 2 orphans", e.gcPending())
+	}
+	// File 4 is still open once: a second release closes it.
+	open := func() bool {
+		var n uint64
+		err := e.s.view(e.ctx, func(x *tx) error {
+			var err error
+			n, err = getUint64(x.t, openKey(inos[4], s.Session))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	if !open() {
+		t.Fatal("file opened twice is closed after one release")
+	}
+	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: inos[4], Session: s.Session}); err != nil {
+		t.Fatal(err)
+	}
+	if open() {
+		t.Fatal("file still open after its last release")
+	}
+	big := make([]uint64, maxReleaseBatch+1)
+	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: 1, Session: s.Session, MoreInos: big}); errnoOf(t, err) != syscall.EINVAL {
+		t.Fatalf("release of %d files in one call: %v, want EINVAL", len(big)+1, err)
+	}
+}

@@ -134,7 +134,7 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 				return err
 			}
 			if typ == syscall.S_IFREG {
-				template, err = x.effectiveLayout(d.Ino, s.cfg.DefaultLayout)
+				template, err = s.cachedEffectiveLayout(x, d.Ino)
 			}
 			return err
 		})

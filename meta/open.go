@@ -74,20 +74,39 @@ func (x *tx) recordOpen(session string, ino uint64, op string) error {
 // an orphan deletes it. Releasing what is not open is not an error (a
 // release may be retried).
 func (s *Service) Release(ctx context.Context, req *weftv1.ReleaseRequest) (*weftv1.ReleaseResponse, error) {
+	if len(req.MoreInos) > maxReleaseBatch {
+		return nil, fserr.Wrap(syscall.EINVAL, "release of %d files in one call: at most %d", len(req.MoreInos)+1, maxReleaseBatch+1)
+	}
 	err := s.update(ctx, func(x *tx) error {
-		n, err := getUint64(x.t, openKey(req.Ino, req.Session))
-		if err != nil || n == 0 {
+		if err := x.release(req.Session, req.Ino); err != nil {
 			return err
 		}
-		if n > 1 {
-			return x.t.Set(openKey(req.Ino, req.Session), be64(n-1))
+		for _, ino := range req.MoreInos {
+			if err := x.release(req.Session, ino); err != nil {
+				return err
+			}
 		}
-		return x.dropOpen(req.Session, req.Ino)
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &weftv1.ReleaseResponse{}, nil
+}
+
+// maxReleaseBatch bounds ReleaseRequest.more_inos.
+const maxReleaseBatch = 1024
+
+// release counts one open of ino by session less.
+func (x *tx) release(session string, ino uint64) error {
+	n, err := getUint64(x.t, openKey(ino, session))
+	if err != nil || n == 0 {
+		return err
+	}
+	if n > 1 {
+		return x.t.Set(openKey(ino, session), be64(n-1))
+	}
+	return x.dropOpen(session, ino)
 }
 
 // dropOpen forgets all opens of ino by session and deletes the inode if it

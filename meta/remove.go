@@ -246,6 +246,9 @@ func (r *renaming) run() error {
 		if err := x.t.Set(parentKey(src.Ino), be64(newDir.Ino)); err != nil {
 			return err
 		}
+		if err := x.bumpLayoutGen(); err != nil {
+			return err
+		}
 	}
 	return r.finish(oldDir, newDir, src)
 }
@@ -301,6 +304,9 @@ func (r *renaming) exchange(oldDir, newDir, src, dst *weftv1.Attr) error {
 			m.from.Nlink--
 			m.to.Nlink++
 			if err := x.t.Set(parentKey(m.a.Ino), be64(m.to.Ino)); err != nil {
+				return err
+			}
+			if err := x.bumpLayoutGen(); err != nil {
 				return err
 			}
 		}

@@ -103,7 +103,8 @@ type Service struct {
 	gcMu      sync.Mutex
 	gcRetryAt map[uint64]gcRetry // inodes whose chunk deletion failed
 
-	inos inoRanges // inode numbers reserved for this server (counters.go)
+	inos    inoRanges   // inode numbers reserved for this server (counters.go)
+	layouts layoutCache // effective layouts of directories (layoutcache.go)
 
 	cb *callbacks // callbacks: who caches what (callbacks*.go)
 	ha *ha        // election, registry, forwarding to the manager (ha*.go)

@@ -1733,9 +1733,12 @@ func (x *OpenRequest) GetSession() string {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
-	Session       string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Ino     uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Session string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	// More inodes the same session closed, released in the same
+	// transaction (a client sends the releases it queued together).
+	MoreInos      []uint64 `protobuf:"varint,3,rep,packed,name=more_inos,json=moreInos,proto3" json:"more_inos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1782,6 +1785,13 @@ func (x *ReleaseRequest) GetSession() string {
 		return x.Session
 	}
 	return ""
+}
+
+func (x *ReleaseRequest) GetMoreInos() []uint64 {
+	if x != nil {
+		return x.MoreInos
+	}
+	return nil
 }
 
 type ReleaseResponse struct {
@@ -5470,10 +5480,11 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
 	"\x05flags\x18\x03 \x01(\rR\x05flags\x12\x18\n" +
-	"\asession\x18\x04 \x01(\tR\asession\"<\n" +
+	"\asession\x18\x04 \x01(\tR\asession\"Y\n" +
 	"\x0eReleaseRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
-	"\asession\x18\x02 \x01(\tR\asession\"\x11\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x1b\n" +
+	"\tmore_inos\x18\x03 \x03(\x04R\bmoreInos\"\x11\n" +
 	"\x0fReleaseResponse\"^\n" +
 	"\rAccessRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
