@@ -83,6 +83,11 @@ type Config struct {
 	// per-chunk pieces in parallel. Default DefaultReadAheadBytes (8 MiB);
 	// negative turns read-ahead off.
 	ReadAheadBytes int64
+	// NoLocalReads turns reads in place off: chunks of data servers on
+	// this host are then read through the servers like any other (see
+	// localread.go). WEFT_LOCAL_READS=off in the environment does the
+	// same.
+	NoLocalReads bool
 	// OnInvalidate, if set, subscribes the client to the meta service's
 	// callbacks (see WatchCallbacks) and receives them.
 	OnInvalidate func(*weftv1.Invalidation)
@@ -101,8 +106,12 @@ type Client struct {
 	session   string
 	lease     time.Duration
 
-	chains   chainTable
-	attempts attemptWatch // requests waiting for data servers
+	chains chainTable
+	// localBytes counts bytes read in place, localOpen the chunks open
+	// for it (localread.go).
+	localBytes atomic.Uint64
+	localOpen  atomic.Int64
+	attempts   attemptWatch // requests waiting for data servers
 
 	inodesMu sync.Mutex
 	inodes   map[uint64]*inode

@@ -46,6 +46,7 @@ type inode struct {
 
 	ra      []*raWindow // read-ahead windows, oldest first; cleared by writes
 	raState raState     // the read-ahead stream
+	local   localState  // chunks read in place (localread.go); cleared with the windows
 }
 
 // sendOp is one chunk buffer on its way to a data server. A send of a chunk
@@ -123,9 +124,10 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 	if appendMode {
 		off = in.sizeLocked()
 	}
-	in.dropReadAheadLocked()
+	in.dropWindowsLocked()
 	cs := uint64(in.layout.ChunkSize)
 	for _, s := range spans(off, uint64(len(p)), cs) {
+		in.dropWrittenLocked(s.index)
 		buf := in.dirty[s.index]
 		if buf == nil {
 			buf = &chunkBuf{chunkSize: cs}
@@ -346,6 +348,9 @@ func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, fu
 	}
 	if len(sp) == 1 {
 		s := sp[0]
+		if v, release, ok := in.localRead(ctx, layout, s, p); ok {
+			return v, release, nil
+		}
 		if v, release := in.windowView(ctx, s); release != nil {
 			return v, release, nil
 		}

@@ -149,7 +149,7 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 	for p := start; p < target; {
 		idx := p / cs
 		e := min(target, (idx+1)*cs, p+piece)
-		if in.settledLocked(idx) {
+		if in.settledLocked(idx) && !in.mayReadLocallyLocked(layout, idx) {
 			in.fetchLocked(layout, st, idx, p-idx*cs, e-idx*cs)
 		}
 		p = e
@@ -160,6 +160,12 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 // dropReadAheadLocked forgets every window and the stream (after a write,
 // a truncate, or at open: what the data servers hold may have changed).
 func (in *inode) dropReadAheadLocked() {
+	in.dropLocalLocked()
+	in.dropWindowsLocked()
+}
+
+// dropWindowsLocked forgets every window and the stream.
+func (in *inode) dropWindowsLocked() {
 	for _, w := range in.ra {
 		w.release()
 	}
@@ -269,6 +275,15 @@ func (in *inode) windowView(ctx context.Context, s span) ([]byte, func()) {
 // readPiece fills dst from chunk idx at chunk offset off, from read-ahead
 // windows when they cover it.
 func (in *inode) readPiece(ctx context.Context, layout *weftv1.Layout, s span, dst []byte) error {
+	if data, release, ok := in.localRead(ctx, layout, s, dst); ok {
+		if len(data) > 0 && &data[0] != &dst[0] {
+			copy(dst, data)
+		}
+		if release != nil {
+			release()
+		}
+		return nil
+	}
 	in.mu.Lock()
 	ws := in.windowsForLocked(s.index, s.off, s.n)
 	for _, w := range ws {

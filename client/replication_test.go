@@ -77,7 +77,7 @@ func (tc *testCluster) waitHealthy(r uint32, n int) {
 // serverOf returns the index of the data server advertising addr, or -1.
 func (tc *testCluster) serverOf(addr string) int {
 	for i, p := range tc.proxies {
-		if p != nil && p.addr() == addr {
+		if (p != nil && p.addr() == addr) || (p == nil && tc.DataAddr(i) == addr) {
 			return i
 		}
 	}

@@ -27,19 +27,32 @@ func (t *chainTable) memberClient(m *weftv1.ChainMember) (weftv1.DataClient, err
 		}
 		t.conns[m.Address] = cc
 	}
-	if t.wires == nil {
-		t.wires = make(map[string]*wire.Client)
-	}
-	w := t.wires[m.WireAddress]
-	if w == nil {
-		w = wire.NewClient(m.WireAddress, 0)
-		t.wires[m.WireAddress] = w
-	}
+	w := t.wireClientLocked(m.WireAddress)
 	var dc weftv1.DataClient = wire.NewDataClient(weftv1.NewDataClient(cc), w)
 	if t.wrap != nil {
 		dc = t.wrap(dc)
 	}
 	return dc, nil
+}
+
+// wireClient returns the lean data path client of a wire address.
+func (t *chainTable) wireClient(addr string) *wire.Client {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	return t.wireClientLocked(addr)
+}
+
+// wireClientLocked is wireClient with t.connsMu held.
+func (t *chainTable) wireClientLocked(addr string) *wire.Client {
+	if t.wires == nil {
+		t.wires = make(map[string]*wire.Client)
+	}
+	w := t.wires[addr]
+	if w == nil {
+		w = wire.NewClient(addr, 0)
+		t.wires[addr] = w
+	}
+	return w
 }
 
 // closeWiresLocked closes the lean data path clients. Called with

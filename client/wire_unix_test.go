@@ -42,9 +42,19 @@ func TestChunkIOOverUnixSocket(t *testing.T) {
 // buffers the data server filled in place) with the file's bytes, and
 // those buffers go back only when released.
 func TestReadViewReadsRight(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		t.Run(map[bool]string{false: "through the servers", true: "in place"}[inPlace], func(t *testing.T) {
+			testReadView(t, inPlace)
+		})
+	}
+}
+
+// testReadView reads views of a file through the data servers, or in
+// place from their files.
+func testReadView(t *testing.T, inPlace bool) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
 	tc := startCluster(t, layout, 2)
-	c := newTestClient(t, tc.metaAddr, Config{})
+	c := newTestClient(t, tc.metaAddr, Config{NoLocalReads: !inPlace})
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(5, 6))
 	const size = 5<<20 + 777
@@ -91,10 +101,13 @@ func TestReadViewReadsRight(t *testing.T) {
 					release()
 				}
 			}
-			if tt.wantViews && views == 0 {
+			if tt.wantViews && views == 0 && !inPlace {
 				t.Errorf("no read of %d bytes was answered from the client's buffers", tt.n)
 			}
 		})
+	}
+	if got := c.LocalReadBytes(); (got > 0) != inPlace {
+		t.Errorf("%d bytes read in place, in place = %v", got, inPlace)
 	}
 }
 
@@ -103,7 +116,7 @@ func TestReadViewReadsRight(t *testing.T) {
 func TestArenaBuffersComeBack(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
 	tc := startCluster(t, layout, 2)
-	c := newTestClient(t, tc.metaAddr, Config{})
+	c := newTestClient(t, tc.metaAddr, Config{NoLocalReads: true})
 	ctx := context.Background()
 	before := wire.ArenaInUse()
 	model := randomBytes(rand.New(rand.NewPCG(7, 8)), 6<<20)

@@ -193,6 +193,20 @@ func (s *Server) fencedLocked() error {
 	return nil
 }
 
+// leaseLocked is how long a chunk handed out for reading in place may be
+// read without asking again: until the server would fence itself if it
+// heard nothing more from the meta service (so a client never reads a
+// copy the chain has gone on without), at most maxReadLease.
+func (s *Server) leaseLocked() time.Duration {
+	if s.lastContact.IsZero() {
+		return maxReadLease
+	}
+	return min(maxReadLease, s.failureTimeout/2-time.Since(s.lastContact))
+}
+
+// maxReadLease bounds the lease of a chunk read in place.
+const maxReadLease = 2 * time.Second
+
 // noteContact records a call to the meta service sent at sent and
 // answered. If the server had been cut off long enough to fence itself,
 // the chains may have continued without its members: what syncing members

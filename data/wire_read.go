@@ -2,6 +2,7 @@ package data
 
 import (
 	"context"
+	"time"
 
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -37,4 +38,39 @@ func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest
 // arena on the lean data path's Unix socket (see package internal/wire).
 func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
 	return s.readChunk(req, alloc)
+}
+
+// OpenChunkRead opens a chunk for a client on this host to read in place
+// (see wire.LocalChunk), after the checks of a read: this server serves
+// the chain at the request's version.
+func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, verify bool) (*wire.LocalChunk, error) {
+	m, err := s.member(req.GetChainId(), req.GetChainVersion(), 0, roleRead)
+	if err != nil {
+		return nil, err
+	}
+	id, err := chunkID(req.GetChunk())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	lease := s.leaseLocked()
+	s.mu.RUnlock()
+	f, length, version, sums, err := m.target.OpenForRead(id, verify)
+	if err != nil {
+		s.noteCorrupt(m, id, err)
+		return nil, err
+	}
+	return &wire.LocalChunk{File: f, Length: length, Version: version, Sums: sums, Lease: lease}, nil
+}
+
+// ReadLease is how long chunks opened in place may be read from now: until
+// the server would fence itself if it heard nothing more from the meta
+// service (see wire.ChunkOpener).
+func (s *Server) ReadLease() time.Duration {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fencedLocked() != nil {
+		return 0
+	}
+	return s.leaseLocked()
 }

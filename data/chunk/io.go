@@ -393,3 +393,49 @@ func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte
 	}
 	return buf[off-alignedStart : end-alignedStart], buf, nil
 }
+
+// OpenForRead opens chunk id for a client on this host to read in place:
+// its data file (read-only; nil if the chunk does not exist), length,
+// version and block checksums, read together under the chunk's read lock
+// so they describe one version. With verify every block is read and
+// checked first: a bad copy fails with a *CorruptionError, as a read of
+// it would.
+func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, version uint64, sums []uint32, err error) {
+	defer t.chunkLocks.lock(id, false)()
+	f, err := t.openChunk(id, false)
+	if err != nil || f == nil {
+		return nil, 0, 0, nil, err
+	}
+	defer t.store.files.release(f)
+	if err := t.check(f); err != nil {
+		return nil, 0, 0, nil, err
+	}
+	nblocks := (f.size + BlockSize - 1) / BlockSize
+	raw := make([]byte, nblocks*crcBytes)
+	m, err := f.crc.ReadAt(raw, f.hdr.sumsOff())
+	if err != nil && err != io.EOF {
+		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+	}
+	if m < len(raw) {
+		return nil, 0, 0, nil, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: int64(m) / crcBytes, Missing: true})
+	}
+	if verify {
+		buf := blockPool.Get().(*[BlockSize]byte)
+		defer blockPool.Put(buf)
+		for b := range nblocks {
+			if err := t.readBlocks(f, id, buf[:min(BlockSize, f.size-b*BlockSize)], b); err != nil {
+				return nil, 0, 0, nil, err
+			}
+		}
+	}
+	sums = make([]uint32, nblocks)
+	for i := range sums {
+		sums[i] = binary.LittleEndian.Uint32(raw[i*crcBytes:])
+	}
+	// A descriptor of its own, read-only, of the same file.
+	fd, err := syscall.Open(fmt.Sprintf("/proc/self/fd/%d", f.data.Fd()), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
+	}
+	return os.NewFile(uintptr(fd), t.chunkPath(id)), f.size, f.hdr.version, sums, nil
+}

@@ -34,6 +34,7 @@ type clientSettings struct {
 	unavailableTimeout time.Duration // 0: the client's default
 	writeBuffer        string        // --write-buffer size
 	readAhead          string        // --read-ahead size; 0: off
+	localReads         bool          // --local-reads
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -48,6 +49,8 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 		"bytes of written data the client holds before sending (bounds its memory; e.g. 256MiB)")
 	fl.StringVar(&s.readAhead, "read-ahead", "8MiB",
 		"largest read-ahead window of a sequential reader (0: no read-ahead)")
+	fl.BoolVar(&s.localReads, "local-reads", true,
+		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
 }
 
 // sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
@@ -91,6 +94,7 @@ func (s clientSettings) apply(cfg *client.Config) {
 	cfg.UnavailableTimeout = s.unavailableTimeout
 	// check has validated the sizes.
 	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
+	cfg.NoLocalReads = !s.localReads
 }
 
 func newMountCmd() *cobra.Command {

@@ -78,9 +78,29 @@ type Identified interface {
 	WireIdentity() string
 }
 
-// dialUnix connects to the Unix socket of a and checks that the server
-// there has a's identity: errNotThisServer if not.
+// dialUnix connects to the Unix socket of a, checks that the server
+// there has a's identity (errNotThisServer if not) and offers it the
+// shared arena.
 func dialUnix(ctx context.Context, a Addr) (*clientConn, error) {
+	nc, err := dialUnixChecked(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	shm, err := attachArena(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("offer the shared arena: %w", err)
+	}
+	nc.SetDeadline(time.Time{})
+	cc := newClientConn(a.Unix, nc)
+	cc.shm = shm
+	return cc, nil
+}
+
+// dialUnixChecked connects to the Unix socket of a and checks that the
+// server there has a's identity: errNotThisServer if not. The
+// connection's deadline is the dial's; the caller clears it.
+func dialUnixChecked(ctx context.Context, a Addr) (*net.UnixConn, error) {
 	fi, err := os.Stat(a.Unix)
 	if err != nil {
 		return nil, err
@@ -95,13 +115,16 @@ func dialUnix(ctx context.Context, a Addr) (*clientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if uc, ok := nc.(*net.UnixConn); ok {
-		uc.SetWriteBuffer(unixBuffer)
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		nc.Close()
+		return nil, fmt.Errorf("%s: not a Unix socket connection", a.Unix)
 	}
+	uc.SetWriteBuffer(unixBuffer)
 	if dl, ok := dctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
-	fail := func(err error) (*clientConn, error) {
+	fail := func(err error) (*net.UnixConn, error) {
 		nc.Close()
 		return nil, err
 	}
@@ -123,14 +146,7 @@ func dialUnix(ctx context.Context, a Addr) (*clientConn, error) {
 	if string(id) != a.ID {
 		return fail(fmt.Errorf("%s: identity %q, want %q: %w", a.Unix, id, a.ID, errNotThisServer))
 	}
-	shm, err := attachArena(nc)
-	if err != nil {
-		return fail(fmt.Errorf("offer the shared arena: %w", err))
-	}
-	nc.SetDeadline(time.Time{})
-	cc := newClientConn(a.Unix, nc)
-	cc.shm = shm
-	return cc, nil
+	return uc, nil
 }
 
 // attachArena offers the process's shared arena to the server at the

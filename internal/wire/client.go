@@ -37,6 +37,7 @@ type Client struct {
 	unixOff   atomic.Bool // the Unix socket is not this server's
 	unixConns atomic.Uint64
 	shmCalls  atomic.Uint64
+	localFields
 
 	mu     sync.Mutex
 	slots  []*clientConn // nil: not connected
@@ -67,6 +68,7 @@ func (c *Client) Calls() uint64 { return c.calls.Load() }
 // Close closes every connection; requests in flight fail with
 // Unavailable.
 func (c *Client) Close() error {
+	c.closeLocal()
 	c.mu.Lock()
 	c.closed = true
 	slots := append([]*clientConn(nil), c.slots...)

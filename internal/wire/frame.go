@@ -49,6 +49,8 @@ const (
 	opAttach     uint8 = 5 // Unix socket: the client's arena comes with it (SCM_RIGHTS)
 	opWriteShm   uint8 = 6 // opWriteChunk whose data lies in the client's arena
 	opReadShm    uint8 = 7 // opReadChunk into the client's arena
+	opOpenChunk  uint8 = 8 // Unix socket: a chunk's file for reading in place (localread.go)
+	opLease      uint8 = 9 // Unix socket: a new lease for the chunks read in place
 	opResponse   uint8 = 0x80
 )
 
@@ -79,6 +81,8 @@ const (
 	flagSync      = 1 << 0 // write: fdatasync before answering
 	flagForwarded = 1 << 1 // write, sync: from the previous chain member
 	flagNeedFull  = 1 << 0 // response to a write: need_full_chunk
+	flagMissing   = 1 << 1 // response to opOpenChunk: the server holds no such chunk
+	flagVerify    = 1 << 0 // opOpenChunk: verify the whole chunk before answering
 )
 
 var le = binary.LittleEndian
@@ -206,6 +210,10 @@ func metaLenOf(op uint8) int {
 		return writeShmMetaLen
 	case opReadShm:
 		return readShmMetaLen
+	case opOpenChunk:
+		return readMetaLen
+	case opLease:
+		return 0
 	}
 	return -1
 }

@@ -238,6 +238,20 @@ func (c *serverConn) run() {
 			c.respond(h.id, c.attach(), 0, 0, nil)
 			continue
 		}
+		if h.op == opLease {
+			c.lease(h.id)
+			continue
+		}
+		if h.op == opOpenChunk {
+			req := getRead(meta[:])
+			verify := le.Uint32(meta[44:])&flagVerify != 0
+			c.running.Add(1)
+			go func() {
+				defer c.running.Done()
+				c.openChunk(h.id, req, verify)
+			}()
+			continue
+		}
 		var shmData, shmDst []byte
 		switch h.op {
 		case opWriteShm, opReadShm:
@@ -430,6 +444,27 @@ func sameStart(a, b []byte) bool {
 
 // respond sends the answer to request id; aux goes into the header.
 func (c *serverConn) respond(id uint64, err error, flags, aux uint32, data []byte) {
+	var small [headerLen + respMetaMin + 128]byte
+	buf, data := answerHead(small[:0], id, err, flags, aux, data)
+	c.wmu.Lock()
+	var werr error
+	if len(data) == 0 {
+		_, werr = c.nc.Write(buf)
+	} else {
+		bufs := net.Buffers{buf, data}
+		_, werr = bufs.WriteTo(c.nc)
+	}
+	c.wmu.Unlock()
+	if werr != nil {
+		// The client is gone or the connection broke: the reader sees it.
+		c.nc.Close()
+	}
+}
+
+// answerHead appends to b the header and fields of the answer to request
+// id and returns them with the payload to send after them (none with an
+// error).
+func answerHead(b []byte, id uint64, err error, flags, aux uint32, data []byte) (head, payload []byte) {
 	var code, errno uint32
 	var msg string
 	if err != nil {
@@ -444,30 +479,16 @@ func (c *serverConn) respond(id uint64, err error, flags, aux uint32, data []byt
 	if len(msg) > maxMeta-respMetaMin {
 		msg = msg[:maxMeta-respMetaMin]
 	}
-	var small [headerLen + respMetaMin + 128]byte
-	var buf []byte
-	if n := headerLen + respMetaMin + len(msg); n <= len(small) {
-		buf = small[:n]
-	} else {
-		buf = make([]byte, n)
+	n := headerLen + respMetaMin + len(msg)
+	if cap(b) < n {
+		b = make([]byte, n)
 	}
-	header{op: opResponse, metaLen: respMetaMin + len(msg), payloadLen: len(data), id: id, aux: aux}.put(buf)
-	m := buf[headerLen:]
+	b = b[:n]
+	header{op: opResponse, metaLen: respMetaMin + len(msg), payloadLen: len(data), id: id, aux: aux}.put(b)
+	m := b[headerLen:]
 	le.PutUint32(m[0:], code)
 	le.PutUint32(m[4:], errno)
 	le.PutUint32(m[8:], flags)
 	copy(m[12:], msg)
-	c.wmu.Lock()
-	var werr error
-	if len(data) == 0 {
-		_, werr = c.nc.Write(buf)
-	} else {
-		bufs := net.Buffers{buf, data}
-		_, werr = bufs.WriteTo(c.nc)
-	}
-	c.wmu.Unlock()
-	if werr != nil {
-		// The client is gone or the connection broke: the reader sees it.
-		c.nc.Close()
-	}
+	return b, data
 }

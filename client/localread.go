@@ -1,0 +1,377 @@
+package client
+
+import (
+	"context"
+	"hash/crc32"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/weft-fs/weft/internal/wire"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Reads in place (see internal/wire/localread.go for the protocol).
+//
+// A chunk whose chain has a serving member on a data server of this host
+// is read straight from that server's file: the client asks the server
+// once for the file (a descriptor, the chunk's length and its block
+// checksums), then answers reads with pread from it after checking the
+// checksums of the blocks they touch, so a read costs no request to the
+// server and no copy through it. Read-ahead opens the chunks ahead of a
+// sequential reader instead of fetching them.
+//
+// An open chunk is used while its chain is at the version it was opened
+// under and its server's lease runs (the server says how long it is sure
+// to be serving; the lease is renewed in the background), and until a
+// write of this client to it, a truncate, or an open of the file drops
+// it (close-to-open, as for read-ahead). A reader that reaches a chunk's
+// end lets go of it; an inode keeps at most maxLocalChunks, the client at
+// most maxLocalOpen. A block whose checksum does not match (a write from
+// another client since, or a bad copy) makes the client open the chunk
+// again with the server checking the whole of it (a bad copy is then
+// reported, repaired if it can be, and refused with EIO); a second
+// mismatch, or any failure, sends the chunk's reads through the servers
+// for localRetryAfter.
+
+// maxLocalChunks bounds the chunks an inode keeps open in place.
+const maxLocalChunks = 256
+
+// maxLocalOpen bounds the chunks a client keeps open in place (each a
+// descriptor).
+const maxLocalOpen = 4096
+
+// localRetryAfter is how long a chunk that could not be read in place is
+// read through its server before the client tries again.
+const localRetryAfter = time.Second
+
+// localChunk is a chunk mapped from a data server on this host.
+type localChunk struct {
+	idx     uint64
+	chain   uint64
+	version uint64       // chain version it was opened under
+	w       *wire.Client // its data server's
+	c       *Client
+	file    *os.File // the data file, read-only; nil for a missing chunk
+	length  int64
+	sums    []uint32
+	refs    atomic.Int32 // the inode's list and each reader
+}
+
+// release drops a reference, closing the file with the last.
+func (lc *localChunk) release() {
+	if lc.refs.Add(-1) == 0 && lc.file != nil {
+		lc.file.Close()
+		lc.file = nil
+		lc.c.localOpen.Add(-1)
+	}
+}
+
+// localState is an inode's chunks read in place.
+type localState struct {
+	chunks  map[uint64]*localChunk   // by chunk index
+	gen     uint64                   // bumps when chunks are dropped (opens racing with a drop are not kept)
+	avoid   map[uint64]uint64        // chunk index -> unix nanos until which it is read through the server
+	pending map[uint64]chan struct{} // opens under way, closed when done
+}
+
+// localReads reports whether this client reads in place at all.
+func (c *Client) localReads() bool {
+	return !c.cfg.NoLocalReads && wire.LocalReadsWanted() && c.chains.wrap == nil
+}
+
+// LocalReadBytes is the number of bytes read in place so far.
+func (c *Client) LocalReadBytes() uint64 { return c.localBytes.Load() }
+
+// localMember returns a serving member of ch whose data server may be on
+// this host, with its lean data path client; nil if none.
+func (t *chainTable) localMember(ch *weftv1.Chain) (*weftv1.ChainMember, *wire.Client) {
+	for _, m := range ch.Members {
+		if !serving(m) || m.WireAddress == "" {
+			continue
+		}
+		if w := t.wireClient(m.WireAddress); w.MaybeLocal() {
+			return m, w
+		}
+	}
+	return nil, nil
+}
+
+// mayReadLocallyLocked reports whether chunk idx will likely be read in
+// place, and if so opens it ahead of the reader (read-ahead has nothing
+// else to do for it). Called with in.mu held.
+func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
+	c := in.c
+	if !c.localReads() || in.avoidedLocked(idx) || c.localOpen.Load() >= maxLocalOpen {
+		return false
+	}
+	ch := c.chains.get(chainFor(layout, idx))
+	if ch == nil {
+		return false
+	}
+	m, w := c.chains.localMember(ch)
+	if m == nil {
+		return false
+	}
+	if in.findLocalLocked(idx, ch.Version) == nil && in.local.pending[idx] == nil {
+		in.openLocalLocked(layout, ch, w, idx, false)
+	}
+	return true
+}
+
+// avoidedLocked reports whether chunk idx is read through the server for
+// now.
+func (in *inode) avoidedLocked(idx uint64) bool {
+	until, ok := in.local.avoid[idx]
+	return ok && time.Now().UnixNano() < int64(until)
+}
+
+// avoidLocal makes chunk idx go through the server for a while.
+func (in *inode) avoidLocal(idx uint64) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.local.avoid == nil {
+		in.local.avoid = make(map[uint64]uint64)
+	}
+	in.local.avoid[idx] = uint64(time.Now().Add(localRetryAfter).UnixNano())
+}
+
+// dropLocalLocked lets go of every open chunk (with the read-ahead
+// windows: after a write, a truncate, at open and at the last close).
+// Opens under way are not kept when they finish.
+func (in *inode) dropLocalLocked() {
+	for _, lc := range in.local.chunks {
+		lc.release()
+	}
+	clear(in.local.chunks)
+	in.local.gen++
+	in.local.avoid = nil
+	in.local.pending = nil
+}
+
+// dropWrittenLocked forgets chunk idx and an open of it under way: a
+// write of this client changes it.
+func (in *inode) dropWrittenLocked(idx uint64) {
+	if lc := in.local.chunks[idx]; lc != nil {
+		in.dropChunkLocked(lc)
+	}
+	delete(in.local.pending, idx)
+}
+
+// dropChunkLocked forgets lc.
+func (in *inode) dropChunkLocked(lc *localChunk) {
+	if in.local.chunks[lc.idx] == lc {
+		delete(in.local.chunks, lc.idx)
+		lc.release()
+	}
+}
+
+// findLocalLocked returns the open chunk idx if it is still good to read
+// at chain version version; one that is not is dropped.
+func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
+	lc := in.local.chunks[idx]
+	if lc == nil {
+		return nil
+	}
+	if lc.version == version && lc.w.LeaseValid(in.c.bg) {
+		return lc
+	}
+	in.dropChunkLocked(lc)
+	return nil
+}
+
+// openLocalLocked starts opening chunk idx in place from w's server (a
+// member of ch) and returns the channel closed when it is done; the
+// chunk is then in the inode's list, unless the open failed or the list
+// was dropped meanwhile.
+func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify bool) chan struct{} {
+	if in.local.pending == nil {
+		in.local.pending = make(map[uint64]chan struct{})
+	}
+	done := make(chan struct{})
+	in.local.pending[idx] = done
+	gen := in.local.gen
+	chain := chainFor(layout, idx)
+	c := in.c
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(c.bg, localOpenTimeout)
+		defer cancel()
+		opened, err := w.OpenChunk(ctx, &weftv1.ReadChunkRequest{
+			Chunk: &weftv1.ChunkID{Ino: in.ino, Index: idx}, ChainId: chain, ChainVersion: ch.Version,
+		}, verify)
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		current := in.local.gen == gen && in.local.pending[idx] == done
+		if current {
+			delete(in.local.pending, idx)
+		}
+		if err != nil {
+			if isCode(err, codes.FailedPrecondition) {
+				go c.chains.refreshIfStale(c.bg, chain, ch.Version)
+			} else if in.local.gen == gen {
+				// Read through the server for a while.
+				if in.local.avoid == nil {
+					in.local.avoid = make(map[uint64]uint64)
+				}
+				in.local.avoid[idx] = uint64(time.Now().Add(localRetryAfter).UnixNano())
+			}
+			return
+		}
+		lc := &localChunk{idx: idx, chain: chain, version: ch.Version, w: w, c: c,
+			file: opened.File, length: opened.Length, sums: opened.Sums}
+		if lc.file != nil {
+			c.localOpen.Add(1)
+		}
+		lc.refs.Store(1) // the list's
+		if !current {
+			lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
+			return
+		}
+		if old := in.findLocalLocked(idx, ch.Version); old != nil {
+			in.dropChunkLocked(old)
+		}
+		if len(in.local.chunks) >= maxLocalChunks {
+			for _, other := range in.local.chunks {
+				in.dropChunkLocked(other) // any one
+				break
+			}
+		}
+		if in.local.chunks == nil {
+			in.local.chunks = make(map[uint64]*localChunk)
+		}
+		in.local.chunks[idx] = lc
+	}()
+	return done
+}
+
+// localOpenTimeout bounds opening a chunk in place.
+const localOpenTimeout = 5 * time.Second
+
+// localChunkFor returns chunk idx open in place, with a reference for
+// the caller; nil if it cannot be read in place. With verify it is
+// opened anew, the server checking all of it first.
+func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx uint64, verify bool) *localChunk {
+	c := in.c
+	chain := chainFor(layout, idx)
+	for range 3 {
+		ch := c.chains.get(chain)
+		if ch == nil {
+			return nil
+		}
+		in.mu.Lock()
+		if in.avoidedLocked(idx) {
+			in.mu.Unlock()
+			return nil
+		}
+		done := in.local.pending[idx]
+		if done == nil {
+			if lc := in.findLocalLocked(idx, ch.Version); lc != nil {
+				if !verify {
+					lc.refs.Add(1)
+					in.mu.Unlock()
+					return lc
+				}
+				in.dropChunkLocked(lc)
+			}
+			m, w := c.chains.localMember(ch)
+			if m == nil || c.localOpen.Load() >= maxLocalOpen {
+				in.mu.Unlock()
+				return nil
+			}
+			done = in.openLocalLocked(layout, ch, w, idx, verify)
+			verify = false
+		}
+		in.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	return nil
+}
+
+// localRead reads span s in place when it can: the bytes, and the
+// function that lets go of them (nil when they are in p, which holds s.n
+// bytes); ok is false when the read must go through a server. The blocks
+// the span touches are read whole (into a pooled buffer, or p when the
+// span is block-aligned) and checked.
+func (in *inode) localRead(ctx context.Context, layout *weftv1.Layout, s span, p []byte) (data []byte, release func(), ok bool) {
+	if !in.c.localReads() {
+		return nil, nil, false
+	}
+	for attempt := range 2 {
+		lc := in.localChunkFor(ctx, layout, s.index, attempt > 0)
+		if lc == nil {
+			break
+		}
+		data, release, ok := lc.read(s, p)
+		if int64(s.off+s.n) >= lc.length || !ok {
+			// The reader is at the chunk's end (it is done with it), or
+			// the copy did not match its checksums.
+			in.mu.Lock()
+			in.dropChunkLocked(lc)
+			in.mu.Unlock()
+		}
+		lc.release()
+		if ok {
+			in.c.localBytes.Add(s.n)
+			return data, release, true
+		}
+	}
+	in.avoidLocal(s.index)
+	return nil, nil, false
+}
+
+// read reads span s of the chunk, verified; ok is false when the bytes
+// do not match their checksums (or the file is shorter than it was).
+func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bool) {
+	end := min(int64(s.off+s.n), lc.length)
+	if int64(s.off) >= end {
+		clear(p[:s.n])
+		return p[:s.n], nil, true
+	}
+	first := int64(s.off) / wire.BlockSize
+	from := first * wire.BlockSize
+	to := min((end+wire.BlockSize-1)/wire.BlockSize*wire.BlockSize, lc.length)
+	var buf []byte
+	if from == int64(s.off) && to == end && int64(len(p)) >= to-from {
+		buf = p[:to-from]
+	} else {
+		buf = wire.GetBuffer(int(to - from))
+		release = func() { wire.PutBuffer(buf) }
+	}
+	fail := func() ([]byte, func(), bool) {
+		if release != nil {
+			release()
+		}
+		return nil, nil, false
+	}
+	if n, err := lc.file.ReadAt(buf, from); n < len(buf) {
+		_ = err // a short read: cut under us; the server path says what is there
+		return fail()
+	}
+	for b := first; b*wire.BlockSize < to; b++ {
+		lo := b*wire.BlockSize - from
+		block := buf[lo:min(lo+wire.BlockSize, int64(len(buf)))]
+		if b >= int64(len(lc.sums)) || crc32.Checksum(block, castagnoli) != lc.sums[b] {
+			return fail()
+		}
+	}
+	data = buf[int64(s.off)-from : end-from]
+	if end == int64(s.off+s.n) {
+		return data, release, true
+	}
+	// The span reaches past the chunk's end: zeros there, in p.
+	n := copy(p, data)
+	clear(p[n:s.n])
+	if release != nil {
+		release()
+	}
+	return p[:s.n], nil, true
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -1,0 +1,111 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Reads in place from data servers on this host return the file's bytes,
+// follow this client's writes at once and other clients' at the next
+// open (close-to-open), never return a bad copy, and leave the read path
+// through the servers for chunks that cannot be read in place.
+func TestReadInPlace(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{})
+	b := newTestClient(t, tc.metaAddr, Config{})
+	rnd := rand.New(rand.NewPCG(11, 12))
+	const size = 3*chunk + 12345
+	model := randomBytes(rnd, size)
+	f := create(t, a, "inplace", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	check := func(step string, g *File, off, n int) {
+		t.Helper()
+		got := make([]byte, n)
+		m, err := g.ReadAt(ctx, got, int64(off))
+		if err != nil {
+			t.Fatalf("%s: read %d at %d: %v", step, n, off, err)
+		}
+		want := model[off:min(off+n, size)]
+		if !bytes.Equal(got[:m], want) {
+			t.Fatalf("%s: read %d at %d: wrong bytes", step, n, off)
+		}
+	}
+
+	g, _ := open(t, a, "inplace", syscall.O_RDWR)
+	before := a.LocalReadBytes()
+	for off := 0; off < size; off += 128 << 10 {
+		check("sequential read", g, off, 128<<10)
+	}
+	for range 50 {
+		check("random read", g, rnd.IntN(size), 1+rnd.IntN(200<<10))
+	}
+	check("read across chunks", g, chunk-5000, 10000)
+	if a.LocalReadBytes() == before {
+		t.Fatal("nothing was read in place from the data servers on this host")
+	}
+
+	// This client's own write is seen by its next read.
+	patch := randomBytes(rnd, 100<<10)
+	if _, err := g.WriteAt(ctx, patch, chunk+chunk/2); err != nil {
+		t.Fatal(err)
+	}
+	copy(model[chunk+chunk/2:], patch)
+	check("read after own write", g, chunk, chunk)
+
+	// Another client's write: a read before reopening returns the old or
+	// the new bytes of each block, never an error; after reopening, the
+	// new ones.
+	old := bytes.Clone(model[:64<<10])
+	patch2 := randomBytes(rnd, 64<<10)
+	h, _ := open(t, b, "inplace", syscall.O_WRONLY)
+	if _, err := h.WriteAt(ctx, patch2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64<<10)
+	if _, err := g.ReadAt(ctx, got, 0); err != nil {
+		t.Fatalf("read while another client wrote: %v", err)
+	}
+	if !bytes.Equal(got, old) && !bytes.Equal(got, patch2) {
+		t.Fatal("read while another client wrote: neither the old nor the new bytes")
+	}
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	copy(model, patch2)
+	g, _ = open(t, a, "inplace", syscall.O_RDONLY)
+	check("read after reopening", g, 0, 256<<10)
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A bad copy on disk is never returned: with one replica the read
+	// fails with EIO; the other chunks still read.
+	ino := f.Ino()
+	ms := tc.members(chainFor(f.in.layout, 2))
+	corrupt(t, tc.chunkPath(ms[0], ino, 2))
+	g, _ = open(t, a, "inplace", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	buf := make([]byte, chunk)
+	if n, err := g.ReadAt(ctx, buf, 2*chunk); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a chunk whose only copy is bad: %d bytes, err %v; want EIO", n, err)
+	}
+	check("read of a good chunk next to a bad one", g, chunk, chunk)
+}

@@ -1,0 +1,407 @@
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Reads in place.
+//
+// A client on the same host as a data server may read a chunk straight
+// from the server's file, as the local file system would, instead of
+// asking the server for every piece (HDFS calls this a short-circuit
+// read). It asks once per chunk (opOpenChunk, over a Unix socket
+// connection of its own, one request at a time): the server checks the
+// request as it checks a read (it serves the chain at that version),
+// opens the chunk's data file read-only and answers with the descriptor
+// (SCM_RIGHTS), the chunk's length and version and its block checksums,
+// read together under the chunk's read lock. The client then verifies
+// the checksums of the blocks it reads itself: what reaches an
+// application is checked end to end as on the server path. A block that
+// does not match (a write since, or a bad copy) sends the client back to
+// the server (with flagVerify, which makes the server check the whole
+// chunk and report and repair a bad copy), and then to the ordinary read
+// path.
+
+// LocalChunk is a chunk of a data server on this host, opened for
+// reading in place.
+type LocalChunk struct {
+	// File is the chunk's data file, open read-only; nil if the server
+	// holds no such chunk (it reads as zeros).
+	File    *os.File
+	Length  int64
+	Version uint64
+	// Sums holds the CRC32C (Castagnoli) of each BlockSize block of the
+	// chunk, the last one of the bytes present.
+	Sums []uint32
+	// Lease is how long the chunk may be read in place, counted from the
+	// request: the server answers for its copy only while it is sure to
+	// be serving the chain (see the data server's fencing).
+	Lease time.Duration
+}
+
+// BlockSize is the unit of the checksums in LocalChunk.Sums.
+const BlockSize = 64 << 10
+
+// maxLocalSums bounds the checksums of one chunk (64 MiB in 64 KiB
+// blocks).
+const maxLocalSums = 1024
+
+// ChunkOpener is implemented by a Handler that opens chunks for clients
+// on its host to read in place.
+type ChunkOpener interface {
+	OpenChunkRead(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (*LocalChunk, error)
+	// ReadLease is how long, from now, chunks opened in place may be
+	// read (see LocalChunk.Lease); <= 0 while the server serves nothing.
+	ReadLease() time.Duration
+}
+
+// ErrNotLocal means the data server is not on this host (or cannot hand
+// out its files): read through it.
+var ErrNotLocal = errors.New("the data server cannot be read in place from here")
+
+// localOffEnv turns reads in place off for a process ("off").
+const localOffEnv = "WEFT_LOCAL_READS"
+
+// LocalReadsWanted reports whether this process reads chunks of data
+// servers on its host in place (WEFT_LOCAL_READS is not "off").
+func LocalReadsWanted() bool { return os.Getenv(localOffEnv) != "off" }
+
+// lease serves opLease.
+func (c *serverConn) lease(id uint64) {
+	op, ok := c.s.h.(ChunkOpener)
+	if !ok {
+		c.respond(id, status.Error(codes.Unimplemented, "lean data path: this server does not hand out chunk files"), 0, 0, nil)
+		return
+	}
+	d := op.ReadLease()
+	if d <= 0 {
+		c.respond(id, status.Error(codes.Unavailable, "lean data path: this server serves nothing now (cut off from the meta service)"), 0, 0, nil)
+		return
+	}
+	c.respond(id, nil, flagMissing, leaseMs(d), nil)
+}
+
+// openChunk serves opOpenChunk: the answer carries the chunk file's
+// descriptor.
+func (c *serverConn) openChunk(id uint64, req *weftv1.ReadChunkRequest, verify bool) {
+	op, ok := c.s.h.(ChunkOpener)
+	uc, isUnix := c.nc.(*net.UnixConn)
+	if !ok || !isUnix {
+		c.respond(id, status.Error(codes.Unimplemented, "lean data path: this server does not hand out chunk files (only over its Unix socket)"), 0, 0, nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), localOpenTimeout)
+	defer cancel()
+	lc, err := op.OpenChunkRead(ctx, req, verify)
+	if err != nil {
+		c.respond(id, err, 0, 0, nil)
+		return
+	}
+	if lc.File == nil {
+		c.respond(id, nil, flagMissing, leaseMs(lc.Lease), nil)
+		return
+	}
+	defer lc.File.Close()
+	if len(lc.Sums) > maxLocalSums {
+		c.respond(id, status.Errorf(codes.Internal, "lean data path: chunk with %d checksums", len(lc.Sums)), 0, 0, nil)
+		return
+	}
+	payload := make([]byte, 16+4*len(lc.Sums))
+	le.PutUint64(payload[0:], lc.Version)
+	le.PutUint64(payload[8:], uint64(lc.Length))
+	for i, s := range lc.Sums {
+		le.PutUint32(payload[16+4*i:], s)
+	}
+	head, payload := answerHead(nil, id, nil, 0, leaseMs(lc.Lease), payload)
+	frame := append(head, payload...)
+	c.wmu.Lock()
+	n, _, err := uc.WriteMsgUnix(frame, unix.UnixRights(int(lc.File.Fd())), nil)
+	if err == nil && n < len(frame) {
+		_, err = uc.Write(frame[n:])
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.nc.Close()
+	}
+}
+
+// leaseMs is a lease in whole milliseconds, for the answer's aux field.
+func leaseMs(d time.Duration) uint32 {
+	return uint32(max(d.Milliseconds(), 0))
+}
+
+// localOpenTimeout bounds one opOpenChunk.
+const localOpenTimeout = 5 * time.Second
+
+// localConn is a Unix socket connection for opOpenChunk, one request at
+// a time.
+type localConn struct {
+	uc *net.UnixConn
+	fr *fdReader
+	br *bufio.Reader
+	id uint64
+}
+
+// maxIdleLocal bounds the idle opOpenChunk connections a Client keeps.
+const maxIdleLocal = 4
+
+// localState of a Client.
+const (
+	localUnknown int32 = iota
+	localYes
+	localNo
+)
+
+// MaybeLocal reports whether the server may be read in place: it has a
+// Unix socket, and none of the tries so far showed it is not on this
+// host or cannot hand out files.
+func (c *Client) MaybeLocal() bool {
+	return c.a.Unix != "" && c.local.Load() != localNo && !c.unixOff.Load()
+}
+
+// OpenChunk opens a chunk of the server for reading in place; see
+// LocalChunk. It fails with ErrNotLocal when the server is not on this
+// host or does not hand out files, else with the error the server
+// answered (the status codes of a read). With verify the server first
+// checks every block of the chunk (it reports and repairs a bad copy,
+// and answers EIO).
+func (c *Client) OpenChunk(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (*LocalChunk, error) {
+	if !c.MaybeLocal() {
+		return nil, ErrNotLocal
+	}
+	lc, err := c.takeLocalConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	out, err := lc.open(ctx, req, verify)
+	var st interface{ GRPCStatus() *status.Status }
+	switch {
+	case err == nil:
+		c.local.Store(localYes)
+		c.setLease(sent, out.Lease)
+		c.putLocalConn(lc)
+	case errors.As(err, &st) && st.GRPCStatus().Code() == codes.Unimplemented:
+		c.local.Store(localNo)
+		lc.uc.Close()
+		return nil, fmt.Errorf("%w: %v", ErrNotLocal, err)
+	case errors.As(err, &st):
+		c.putLocalConn(lc) // an answer: the connection is fine
+	default:
+		lc.uc.Close()
+		err = status.Errorf(codes.Unavailable, "open a chunk of data server %s in place: %v", c.a.Unix, err)
+	}
+	return out, err
+}
+
+// takeLocalConn returns an idle opOpenChunk connection or dials one.
+func (c *Client) takeLocalConn(ctx context.Context) (*localConn, error) {
+	c.locMu.Lock()
+	if n := len(c.locIdle); n > 0 {
+		lc := c.locIdle[n-1]
+		c.locIdle = c.locIdle[:n-1]
+		c.locMu.Unlock()
+		return lc, nil
+	}
+	closed := c.locClosed
+	c.locMu.Unlock()
+	if closed {
+		return nil, ErrNotLocal
+	}
+	uc, err := dialUnixChecked(ctx, c.a)
+	if err != nil {
+		if errors.Is(err, errNotThisServer) {
+			c.local.Store(localNo)
+			return nil, fmt.Errorf("%w: %v", ErrNotLocal, err)
+		}
+		return nil, status.Errorf(codes.Unavailable, "connect to data server %s to read in place: %v", c.a.Unix, err)
+	}
+	uc.SetDeadline(time.Time{})
+	fr := &fdReader{uc: uc}
+	return &localConn{uc: uc, fr: fr, br: bufio.NewReaderSize(fr, 8<<10)}, nil
+}
+
+// putLocalConn keeps an idle connection for the next open.
+func (c *Client) putLocalConn(lc *localConn) {
+	c.locMu.Lock()
+	defer c.locMu.Unlock()
+	if c.locClosed || len(c.locIdle) >= maxIdleLocal {
+		lc.uc.Close()
+		return
+	}
+	c.locIdle = append(c.locIdle, lc)
+}
+
+// closeLocal closes the idle opOpenChunk connections (Close).
+func (c *Client) closeLocal() {
+	c.locMu.Lock()
+	defer c.locMu.Unlock()
+	c.locClosed = true
+	for _, lc := range c.locIdle {
+		lc.uc.Close()
+	}
+	c.locIdle = nil
+}
+
+// open sends one opOpenChunk and reads its answer. An error that is not
+// a status means the connection is unusable.
+func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (*LocalChunk, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(localOpenTimeout)
+	}
+	lc.uc.SetDeadline(dl)
+	defer lc.uc.SetDeadline(time.Time{})
+	lc.fr.closeAll() // none expected; never hand out a stale one
+	lc.id++
+	var b [headerLen + readMetaLen]byte
+	if req == nil {
+		header{op: opLease, id: lc.id}.put(b[:])
+		if _, err := lc.uc.Write(b[:headerLen]); err != nil {
+			return nil, err
+		}
+	} else {
+		header{op: opOpenChunk, metaLen: readMetaLen, id: lc.id, timeoutMs: uint32(max(time.Until(dl).Milliseconds(), 1))}.put(b[:])
+		putRead(b[headerLen:], req)
+		if verify {
+			le.PutUint32(b[headerLen+44:], flagVerify)
+		}
+		if _, err := lc.uc.Write(b[:]); err != nil {
+			return nil, err
+		}
+	}
+	var hb [headerLen]byte
+	if err := readFull(lc.br, hb[:]); err != nil {
+		return nil, err
+	}
+	h, err := parseHeader(hb[:])
+	if err == nil && (h.op != opResponse || h.id != lc.id || h.metaLen < respMetaMin || h.metaLen > maxMeta ||
+		h.payloadLen > 16+4*maxLocalSums) {
+		err = fmt.Errorf("%w: unexpected answer (op %d, id %d) to an open", errProtocol, h.op, h.id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rest := make([]byte, h.metaLen+h.payloadLen)
+	if err := readFull(lc.br, rest); err != nil {
+		return nil, err
+	}
+	fd := lc.fr.take()
+	cl := call{code: le.Uint32(rest[0:]), errno: le.Uint32(rest[4:]), flags: le.Uint32(rest[8:])}
+	if cl.code != 0 {
+		cl.msg = string(rest[respMetaMin:h.metaLen])
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return nil, cl.callError()
+	}
+	if cl.flags&flagMissing != 0 {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return &LocalChunk{Lease: time.Duration(h.aux) * time.Millisecond}, nil
+	}
+	p := rest[h.metaLen:]
+	if fd < 0 || len(p) < 16 || (len(p)-16)%4 != 0 {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
+	}
+	out := &LocalChunk{
+		File:    os.NewFile(uintptr(fd), "chunk"),
+		Version: le.Uint64(p[0:]),
+		Length:  int64(le.Uint64(p[8:])),
+		Sums:    make([]uint32, (len(p)-16)/4),
+		Lease:   time.Duration(h.aux) * time.Millisecond,
+	}
+	for i := range out.Sums {
+		out.Sums[i] = le.Uint32(p[16+4*i:])
+	}
+	if want := (out.Length + BlockSize - 1) / BlockSize; int64(len(out.Sums)) != want {
+		out.File.Close()
+		return nil, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
+	}
+	return out, nil
+}
+
+// localFields are a Client's state for reads in place.
+type localFields struct {
+	local      atomic.Int32 // localUnknown, localYes, localNo
+	leaseUntil atomic.Int64 // unix nanos: chunks opened in place may be read until then
+	leaseLen   atomic.Int64 // the last lease granted
+	renewing   atomic.Bool
+	locMu      sync.Mutex
+	locIdle    []*localConn
+	locClosed  bool
+}
+
+// setLease records a lease of d granted in answer to a request sent at
+// sent.
+func (c *Client) setLease(sent time.Time, d time.Duration) {
+	c.leaseLen.Store(int64(d))
+	c.leaseUntil.Store(sent.Add(d).UnixNano())
+}
+
+// LeaseValid reports whether chunks opened in place on this server may be
+// read now. The lease is renewed in the background once half of it is
+// gone, and at once when it is over.
+func (c *Client) LeaseValid(ctx context.Context) bool {
+	now := time.Now().UnixNano()
+	left := c.leaseUntil.Load() - now
+	if left > c.leaseLen.Load()/2 {
+		return true
+	}
+	if left > 0 {
+		if c.renewing.CompareAndSwap(false, true) {
+			go func() {
+				defer c.renewing.Store(false)
+				rctx, cancel := context.WithTimeout(ctx, localOpenTimeout)
+				defer cancel()
+				c.renewLease(rctx)
+			}()
+		}
+		return true
+	}
+	c.renewLease(ctx)
+	return c.leaseUntil.Load() > time.Now().UnixNano()
+}
+
+// renewLease asks the server for a new lease (opLease).
+func (c *Client) renewLease(ctx context.Context) {
+	if !c.MaybeLocal() {
+		return
+	}
+	lc, err := c.takeLocalConn(ctx)
+	if err != nil {
+		return
+	}
+	sent := time.Now()
+	out, err := lc.open(ctx, nil, false)
+	if err != nil {
+		var st interface{ GRPCStatus() *status.Status }
+		if errors.As(err, &st) {
+			c.putLocalConn(lc)
+		} else {
+			lc.uc.Close()
+		}
+		c.leaseUntil.Store(0)
+		return
+	}
+	c.setLease(sent, out.Lease)
+	c.putLocalConn(lc)
+}
