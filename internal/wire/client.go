@@ -380,14 +380,7 @@ func (cc *clientConn) send(ctx context.Context, head, payload []byte) error {
 			}
 		}()
 	}
-	var err error
-	if len(payload) == 0 {
-		_, err = cc.nc.Write(head)
-	} else {
-		bufs := net.Buffers{head, payload}
-		_, err = bufs.WriteTo(cc.nc)
-	}
-	return err
+	return writeFrame(cc.nc, head, payload)
 }
 
 // cancel tells the server to give up on request id.

@@ -23,7 +23,8 @@
 // straight into the destination buffer (pooled on the server, the caller's
 // on the client) and sent with writev (net.Buffers), so bulk data is
 // never copied by the protocol. On a Unix socket the payload need not
-// cross the socket at all: see shm.go.
+// cross the socket at all: see shm.go; and a client may read chunks
+// straight from the server's files: see localread.go.
 //
 // Errors travel as a gRPC status code, message and errno (the same as
 // package fserr puts into gRPC statuses), and the client returns them as
@@ -36,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -120,6 +122,18 @@ func parseHeader(b []byte) (header, error) {
 		return h, fmt.Errorf("%w: payload of %d bytes exceeds %d", errProtocol, h.payloadLen, MaxPayload)
 	}
 	return h, nil
+}
+
+// writeFrame writes a frame's header and fields, then its payload (one
+// writev when there is a payload).
+func writeFrame(nc net.Conn, head, payload []byte) error {
+	if len(payload) == 0 {
+		_, err := nc.Write(head)
+		return err
+	}
+	bufs := net.Buffers{head, payload}
+	_, err := bufs.WriteTo(nc)
+	return err
 }
 
 // readFull reads exactly len(b) bytes.

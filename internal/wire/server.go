@@ -447,13 +447,7 @@ func (c *serverConn) respond(id uint64, err error, flags, aux uint32, data []byt
 	var small [headerLen + respMetaMin + 128]byte
 	buf, data := answerHead(small[:0], id, err, flags, aux, data)
 	c.wmu.Lock()
-	var werr error
-	if len(data) == 0 {
-		_, werr = c.nc.Write(buf)
-	} else {
-		bufs := net.Buffers{buf, data}
-		_, werr = bufs.WriteTo(c.nc)
-	}
+	werr := writeFrame(c.nc, buf, data)
 	c.wmu.Unlock()
 	if werr != nil {
 		// The client is gone or the connection broke: the reader sees it.
