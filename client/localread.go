@@ -27,9 +27,9 @@ import (
 // under and its server's lease runs (the server says how long it is sure
 // to be serving; the lease is renewed in the background), and until a
 // write of this client to it, a truncate, or an open of the file drops
-// it (close-to-open, as for read-ahead). A reader that reaches a chunk's
-// end lets go of it; an inode keeps at most maxLocalChunks, the client at
-// most maxLocalOpen. A block whose checksum does not match (a write from
+// it (close-to-open, as for read-ahead), and at the file's last close. An
+// inode keeps at most maxLocalChunks (the least recently read go first),
+// the client at most maxLocalOpen. A block whose checksum does not match (a write from
 // another client since, or a bad copy) makes the client open the chunk
 // again with the server checking the whole of it (a bad copy is then
 // reported, repaired if it can be, and refused with EIO); a second
@@ -58,6 +58,7 @@ type localChunk struct {
 	length  int64
 	sums    []uint32
 	refs    atomic.Int32 // the inode's list and each reader
+	used    uint64       // localState.tick at its last read
 }
 
 // release drops a reference, closing the file with the last.
@@ -73,6 +74,7 @@ func (lc *localChunk) release() {
 type localState struct {
 	chunks  map[uint64]*localChunk   // by chunk index
 	gen     uint64                   // bumps when chunks are dropped (opens racing with a drop are not kept)
+	tick    uint64                   // counts reads, for localChunk.used
 	avoid   map[uint64]uint64        // chunk index -> unix nanos until which it is read through the server
 	pending map[uint64]chan struct{} // opens under way, closed when done
 }
@@ -160,6 +162,19 @@ func (in *inode) dropWrittenLocked(idx uint64) {
 	delete(in.local.pending, idx)
 }
 
+// dropLeastUsedLocked forgets the open chunk read longest ago.
+func (in *inode) dropLeastUsedLocked() {
+	var lru *localChunk
+	for _, lc := range in.local.chunks {
+		if lru == nil || lc.used < lru.used {
+			lru = lc
+		}
+	}
+	if lru != nil {
+		in.dropChunkLocked(lru)
+	}
+}
+
 // dropChunkLocked forgets lc.
 func (in *inode) dropChunkLocked(lc *localChunk) {
 	if in.local.chunks[lc.idx] == lc {
@@ -204,7 +219,7 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 		}, verify)
 		in.mu.Lock()
 		defer in.mu.Unlock()
-		current := in.local.gen == gen && in.local.pending[idx] == done
+		current := in.local.gen == gen && in.local.pending[idx] == done && in.settledLocked(idx)
 		if current {
 			delete(in.local.pending, idx)
 		}
@@ -234,14 +249,13 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			in.dropChunkLocked(old)
 		}
 		if len(in.local.chunks) >= maxLocalChunks {
-			for _, other := range in.local.chunks {
-				in.dropChunkLocked(other) // any one
-				break
-			}
+			in.dropLeastUsedLocked()
 		}
 		if in.local.chunks == nil {
 			in.local.chunks = make(map[uint64]*localChunk)
 		}
+		in.local.tick++
+		lc.used = in.local.tick
 		in.local.chunks[idx] = lc
 	}()
 	return done
@@ -262,7 +276,10 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 			return nil
 		}
 		in.mu.Lock()
-		if in.avoidedLocked(idx) {
+		if in.avoidedLocked(idx) || !in.settledLocked(idx) {
+			// Writes of this client to the chunk are buffered or on
+			// their way: the server's copy is about to change, read
+			// through it (reads overlapping the writes sent them first).
 			in.mu.Unlock()
 			return nil
 		}
@@ -270,6 +287,8 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 		if done == nil {
 			if lc := in.findLocalLocked(idx, ch.Version); lc != nil {
 				if !verify {
+					in.local.tick++
+					lc.used = in.local.tick
 					lc.refs.Add(1)
 					in.mu.Unlock()
 					return lc
@@ -309,9 +328,8 @@ func (in *inode) localRead(ctx context.Context, layout *weftv1.Layout, s span, p
 			break
 		}
 		data, release, ok := lc.read(s, p)
-		if int64(s.off+s.n) >= lc.length || !ok {
-			// The reader is at the chunk's end (it is done with it), or
-			// the copy did not match its checksums.
+		if !ok {
+			// The copy did not match its checksums: open it again.
 			in.mu.Lock()
 			in.dropChunkLocked(lc)
 			in.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 // loopbackFlags are the flags of "weft loopback".
 type loopbackFlags struct {
 	passthrough bool
+	splice      bool
 	debug       bool
 }
 
@@ -39,6 +40,7 @@ Example:
 		},
 	}
 	cmd.Flags().BoolVar(&f.passthrough, "passthrough", false, "let the kernel do reads and writes on the backing files (FUSE passthrough)")
+	cmd.Flags().BoolVar(&f.splice, "splice", true, "answer reads by splicing the backing file's pages to the kernel (no copy in this process); false: read them into a buffer and write that")
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	return cmd
 }
@@ -75,6 +77,7 @@ func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
 			FsName:        src,
 			Name:          "weft-loopback",
 			Debug:         f.debug,
+			DisableSplice: !f.splice,
 		},
 	}
 	if !f.passthrough {
