@@ -188,19 +188,18 @@ func (c *Client) OpenChunk(ctx context.Context, req *weftv1.ReadChunkRequest, ve
 		return nil, err
 	}
 	sent := time.Now()
-	out, err := lc.open(ctx, req, verify)
-	var st interface{ GRPCStatus() *status.Status }
+	out, answered, err := lc.open(ctx, req, verify)
 	switch {
 	case err == nil:
 		c.local.Store(localYes)
 		c.setLease(sent, out.Lease)
 		c.putLocalConn(lc)
-	case errors.As(err, &st) && st.GRPCStatus().Code() == codes.Unimplemented:
+	case answered && status.Code(err) == codes.Unimplemented:
 		c.local.Store(localNo)
 		lc.uc.Close()
 		return nil, fmt.Errorf("%w: %v", ErrNotLocal, err)
-	case errors.As(err, &st):
-		c.putLocalConn(lc) // an answer: the connection is fine
+	case answered:
+		c.putLocalConn(lc) // the server said no: the connection is fine
 	default:
 		lc.uc.Close()
 		err = status.Errorf(codes.Unavailable, "open a chunk of data server %s in place: %v", c.a.Unix, err)
@@ -257,9 +256,10 @@ func (c *Client) closeLocal() {
 	c.locIdle = nil
 }
 
-// open sends one opOpenChunk and reads its answer. An error that is not
-// a status means the connection is unusable.
-func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (*LocalChunk, error) {
+// open sends one opOpenChunk (opLease without req) and reads its
+// answer. answered tells an error the server answered (the connection
+// is fine) from one that leaves the connection unusable.
+func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (out *LocalChunk, answered bool, err error) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(localOpenTimeout)
@@ -272,7 +272,7 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 	if req == nil {
 		header{op: opLease, id: lc.id}.put(b[:])
 		if _, err := lc.uc.Write(b[:headerLen]); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	} else {
 		header{op: opOpenChunk, metaLen: readMetaLen, id: lc.id, timeoutMs: uint32(max(time.Until(dl).Milliseconds(), 1))}.put(b[:])
@@ -281,12 +281,12 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 			le.PutUint32(b[headerLen+44:], flagVerify)
 		}
 		if _, err := lc.uc.Write(b[:]); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	var hb [headerLen]byte
 	if err := readFull(lc.br, hb[:]); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	h, err := parseHeader(hb[:])
 	if err == nil && (h.op != opResponse || h.id != lc.id || h.metaLen < respMetaMin || h.metaLen > maxMeta ||
@@ -294,11 +294,11 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 		err = fmt.Errorf("%w: unexpected answer (op %d, id %d) to an open", errProtocol, h.op, h.id)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	rest := make([]byte, h.metaLen+h.payloadLen)
 	if err := readFull(lc.br, rest); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	fd := lc.fr.take()
 	cl := call{code: le.Uint32(rest[0:]), errno: le.Uint32(rest[4:]), flags: le.Uint32(rest[8:])}
@@ -307,22 +307,22 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return nil, cl.callError()
+		return nil, true, cl.callError()
 	}
 	if cl.flags&flagMissing != 0 {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return &LocalChunk{Lease: time.Duration(h.aux) * time.Millisecond}, nil
+		return &LocalChunk{Lease: time.Duration(h.aux) * time.Millisecond}, true, nil
 	}
 	p := rest[h.metaLen:]
 	if fd < 0 || len(p) < 16 || (len(p)-16)%4 != 0 {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return nil, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
+		return nil, false, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
 	}
-	out := &LocalChunk{
+	out = &LocalChunk{
 		File:    os.NewFile(uintptr(fd), "chunk"),
 		Version: le.Uint64(p[0:]),
 		Length:  int64(le.Uint64(p[8:])),
@@ -334,9 +334,9 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 	}
 	if want := (out.Length + BlockSize - 1) / BlockSize; int64(len(out.Sums)) != want {
 		out.File.Close()
-		return nil, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
+		return nil, true, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // localFields are a Client's state for reads in place.
@@ -391,10 +391,9 @@ func (c *Client) renewLease(ctx context.Context) {
 		return
 	}
 	sent := time.Now()
-	out, err := lc.open(ctx, nil, false)
+	out, answered, err := lc.open(ctx, nil, false)
 	if err != nil {
-		var st interface{ GRPCStatus() *status.Status }
-		if errors.As(err, &st) {
+		if answered {
 			c.putLocalConn(lc)
 		} else {
 			lc.uc.Close()
