@@ -123,6 +123,26 @@ func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
 	return true
 }
 
+// localAhead is how far ahead of a sequential reader chunks are opened
+// in place: far enough that the open (a round trip to the server) is
+// done before the reader gets there, whatever the read-ahead window.
+const localAhead = 4 << 20
+
+// openAheadLocked opens in place the chunks of the localAhead bytes from
+// file offset from (a sequential reader's next read) that are not open
+// yet. Called with in.mu held.
+func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
+	if !in.c.localReads() {
+		return
+	}
+	cs := uint64(layout.ChunkSize)
+	for idx := from / cs; idx*cs < min(size, from+localAhead); idx++ {
+		if in.local.chunks[idx] == nil && in.local.pending[idx] == nil && in.settledLocked(idx) {
+			in.mayReadLocallyLocked(layout, idx)
+		}
+	}
+}
+
 // avoidedLocked reports whether chunk idx is read through the server for
 // now.
 func (in *inode) avoidedLocked(idx uint64) bool {

@@ -133,6 +133,9 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 		return
 	}
 	st := in.streamLocked(off, n)
+	if st.seq > n {
+		in.openAheadLocked(layout, size, off+n)
+	}
 	w := raWindowFor(st.seq, limit)
 	st.window = w
 	in.raState.maxWindow = max(in.raState.maxWindow, w)
