@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"syscall"
 	"testing"
+	"time"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -148,4 +149,40 @@ func TestReadInPlaceBesideBufferedWrites(t *testing.T) {
 			release()
 		}
 	}
+}
+
+// Reads in place obey the data server's fencing: once the server has
+// lost the meta service long enough to stop serving (its chains may go
+// on without it), the client no longer reads its files either, but
+// fails as a read through the server would.
+func TestReadInPlaceStopsWhenServerFenced(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
+	tc := startClusterOpts(t, layout, 1, clusterOpts{failureTimeout: testFailureTimeout})
+	c := newTestClient(t, tc.metaAddr, Config{UnavailableTimeout: time.Second})
+	ctx := context.Background()
+	data := randomBytes(rand.New(rand.NewPCG(15, 16)), 2<<20)
+	f := create(t, c, "fenced", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len(data))
+	if _, err := f.ReadAt(ctx, buf, 0); err != nil || !bytes.Equal(buf, data) {
+		t.Fatalf("read before the cut: %v", err)
+	}
+	inPlace := c.LocalReadBytes()
+	if inPlace == 0 {
+		t.Fatal("nothing was read in place")
+	}
+	tc.stopMeta()
+	time.Sleep(testFailureTimeout) // the server fences itself after half of it
+	if n, err := f.ReadAt(ctx, buf, 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read from a fenced data server: %d bytes, err %v; want EIO", n, err)
+	}
+	if c.LocalReadBytes() != inPlace {
+		t.Fatalf("%d more bytes read in place from a fenced data server", c.LocalReadBytes()-inPlace)
+	}
+	tc.startMeta() // the client closes its session at the end
 }
