@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -34,9 +35,10 @@ type releaser struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signals queue changes and idle workers
 	queue   []*weftv1.ReleaseRequest
-	busy    int  // releases being sent
-	started bool // workers running
-	closed  bool // Close began: no more queueing
+	busy    int           // releases being sent
+	started bool          // workers running
+	closed  bool          // Close began: no more queueing
+	sent    atomic.Uint64 // files released with the meta service
 
 	// ctx ends when Close stops waiting for the releases.
 	ctx    context.Context
@@ -77,6 +79,7 @@ func (c *Client) sendRelease(ctx context.Context, req *weftv1.ReleaseRequest) er
 		}
 		return fmt.Errorf("release file %d with the meta service: %w", req.Ino, err)
 	}
+	c.rel.sent.Add(uint64(1 + len(req.MoreInos)))
 	return nil
 }
 
@@ -190,6 +193,10 @@ func (c *Client) drainReleases() {
 	r.mu.Unlock()
 	r.cancel()
 }
+
+// ReleasesSent returns how many files were released with the meta
+// service so far (several may go in one call).
+func (c *Client) ReleasesSent() uint64 { return c.rel.sent.Load() }
 
 // PendingReleases returns how many meta releases of closed files are
 // queued or being sent.

@@ -25,7 +25,8 @@ func needFUSE(t *testing.T) {
 // TestCreateMetaCalls counts the meta calls of creating files in a
 // directory this mount made: with callbacks live, the kernel's lookup of
 // the new name is answered from the complete directory, so each create
-// costs the CREATE and the release sent in the background.
+// costs the CREATE and its release sent in the background (releases
+// queued together share a call).
 func TestCreateMetaCalls(t *testing.T) {
 	needFUSE(t)
 	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
@@ -40,7 +41,7 @@ func TestCreateMetaCalls(t *testing.T) {
 		t.Fatalf("stat of a missing name: %v", err)
 	}
 	const n = 100
-	calls, local := c.MetaCalls(), c.LocalLookups()
+	calls, local, released := c.MetaCalls(), c.LocalLookups(), c.ReleasesSent()
 	for i := range n {
 		f, err := os.OpenFile(filepath.Join(d, fmt.Sprint("f", i)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
@@ -53,13 +54,14 @@ func TestCreateMetaCalls(t *testing.T) {
 	// The kernel sends RELEASE after close returns, and the meta release
 	// follows in the background: wait for all of them.
 	eventually(t, "background releases sent", func() error {
-		if got := c.MetaCalls() - calls; got < 2*n || c.PendingReleases() != 0 {
-			return fmt.Errorf("%d meta calls, %d releases pending", got, c.PendingReleases())
+		if got := c.ReleasesSent() - released; got < n || c.PendingReleases() != 0 {
+			return fmt.Errorf("%d files released, %d releases pending", got, c.PendingReleases())
 		}
 		return nil
 	})
-	if got := c.MetaCalls() - calls; got != 2*n {
-		t.Errorf("%d meta calls for %d creates, want %d (create + release each)", got, n, 2*n)
+	// Releases queued together go in one call.
+	if got := c.MetaCalls() - calls; got < n+1 || got > 2*n {
+		t.Errorf("%d meta calls for %d creates, want %d to %d (a create each, and the releases, some batched)", got, n, n+1, 2*n)
 	}
 	if got := c.LocalLookups() - local; got < n {
 		t.Errorf("%d lookups answered without a call, want at least %d", got, n)
