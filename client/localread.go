@@ -53,12 +53,15 @@ type localChunk struct {
 	chain   uint64
 	version uint64       // chain version it was opened under
 	w       *wire.Client // its data server's
-	c       *Client
-	file    *os.File // the data file, read-only; nil for a missing chunk
-	length  int64
-	sums    []uint32
-	refs    atomic.Int32 // the inode's list and each reader
-	used    uint64       // localState.tick at its last read
+	// fileSize is the file's length as the client knew it when the
+	// chunk was opened.
+	fileSize uint64
+	c        *Client
+	file     *os.File // the data file, read-only; nil for a missing chunk
+	length   int64
+	sums     []uint32
+	refs     atomic.Int32 // the inode's list and each reader
+	used     uint64       // localState.tick at its last read
 }
 
 // release drops a reference, closing the file with the last.
@@ -210,9 +213,12 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 	if lc == nil {
 		return nil
 	}
-	if lc.version == version && lc.w.LeaseValid(in.c.bg) {
+	if lc.version == version && lc.fileSize == in.sizeLocked() && lc.w.LeaseValid(in.c.bg) {
 		return lc
 	}
+	// A new chain version, an expired lease, or a length another client
+	// committed since (a reader following a growing file must see what
+	// was appended): open it again.
 	in.dropChunkLocked(lc)
 	return nil
 }
@@ -228,6 +234,7 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 	done := make(chan struct{})
 	in.local.pending[idx] = done
 	gen := in.local.gen
+	fileSize := in.sizeLocked()
 	chain := chainFor(layout, idx)
 	c := in.c
 	go func() {
@@ -255,7 +262,7 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			}
 			return
 		}
-		lc := &localChunk{idx: idx, chain: chain, version: ch.Version, w: w, c: c,
+		lc := &localChunk{idx: idx, chain: chain, version: ch.Version, w: w, c: c, fileSize: fileSize,
 			file: opened.File, length: opened.Length, sums: opened.Sums}
 		if lc.file != nil {
 			c.localOpen.Add(1)

@@ -186,3 +186,45 @@ func TestReadInPlaceStopsWhenServerFenced(t *testing.T) {
 	}
 	tc.startMeta() // the client closes its session at the end
 }
+
+// A reader that keeps a file open and follows it as another client
+// appends (tail -f) reads the appended bytes once it knows the new
+// length, also from a chunk it had open in place before they came.
+func TestReadInPlaceFollowsAppends(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
+	tc := startCluster(t, layout, 1)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{})
+	b := newTestClient(t, tc.metaAddr, Config{})
+	rnd := rand.New(rand.NewPCG(17, 18))
+	first, more := randomBytes(rnd, 300<<10), randomBytes(rnd, 100<<10)
+	w := create(t, b, "growing", syscall.O_WRONLY)
+	if _, err := w.WriteAt(ctx, first, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := open(t, a, "growing", syscall.O_RDONLY)
+	defer r.Release(ctx)
+	buf := make([]byte, len(first))
+	if _, err := r.ReadAt(ctx, buf, 0); err != nil || !bytes.Equal(buf, first) {
+		t.Fatalf("first read: %v", err)
+	}
+	if _, err := w.WriteAt(ctx, more, int64(len(first))); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if attr, err := a.GetAttr(ctx, r.Ino()); err != nil || attr.Size != uint64(len(first)+len(more)) {
+		t.Fatalf("reader's stat: %v, %v", attr, err)
+	}
+	got := make([]byte, len(more))
+	if n, err := r.ReadAt(ctx, got, int64(len(first))); err != nil || n != len(more) || !bytes.Equal(got, more) {
+		t.Fatalf("read of the appended bytes: %d bytes, err %v, equal %v", n, err, bytes.Equal(got, more))
+	}
+	if a.LocalReadBytes() == 0 {
+		t.Fatal("nothing was read in place")
+	}
+}
