@@ -16,7 +16,10 @@ import (
 // directory moved to another parent (rename, fsck's repairs). A create
 // then reads one key instead of walking; since it reads the generation
 // in its transaction, a change committed meanwhile (by this or another
-// meta server) is seen, or makes the transaction conflict.
+// meta server) is seen, or makes the transaction conflict. A create in a
+// directory whose layout is cached does not even look first: it places
+// the file from the cache and its one transaction checks the generation
+// (falling back to look, place, create when it moved).
 
 // maxLayoutCache bounds the directories cached; past it the cache starts
 // over.
@@ -37,6 +40,21 @@ func (x *tx) bumpLayoutGen() error {
 		return err
 	}
 	return x.t.Set(keyLayoutGen, be64(n+1))
+}
+
+// peekEffectiveLayout returns dir's effective layout from the cache
+// (the caller's copy) and the layout generation it holds at, without
+// reading the engine: a transaction using it must check that n/lg is
+// still gen.
+func (s *Service) peekEffectiveLayout(dir uint64) (l *weftv1.Layout, gen uint64, ok bool) {
+	c := &s.layouts
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cached := c.m[dir]
+	if cached == nil {
+		return nil, 0, false
+	}
+	return proto.Clone(cached).(*weftv1.Layout), c.gen, true
 }
 
 // cachedEffectiveLayout is x.effectiveLayout(dir, the default layout),

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 
@@ -113,6 +114,25 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 	default:
 		return nil, fserr.Wrap(syscall.EINVAL, "%s: mode %#o is not a regular file, FIFO, socket or device", op, req.Mode)
 	}
+	if typ == syscall.S_IFREG {
+		// The directory's effective layout is cached: place first, and
+		// let the transaction check that the layout generation it was
+		// cached at still holds (and everything else); no look first.
+		if template, gen, ok := s.peekEffectiveLayout(req.Parent); ok {
+			ino, err := s.takeIno(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+			layout, err := s.placeLayout(ctx, template)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", op, err)
+			}
+			resp, err := s.create(ctx, c, req, typ, layout, ino, op, &gen)
+			if err != errLayoutChanged {
+				return resp, err
+			}
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		// Placing a new file's chains calls the cluster manager, which
 		// must not run inside a transaction: look first, place, then
@@ -153,7 +173,7 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 				return nil, fmt.Errorf("%s: %w", op, err)
 			}
 		}
-		resp, err := s.create(ctx, c, req, typ, layout, ino, op)
+		resp, err := s.create(ctx, c, req, typ, layout, ino, op, nil)
 		if err == errNeedLayout && attempt < 3 {
 			continue
 		}
@@ -166,12 +186,29 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 // first.
 var errNeedLayout = fmt.Errorf("create raced with an unlink: %w", kv.ErrConflict)
 
-func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateRequest, typ uint32, layout *weftv1.Layout, newIno uint64, op string) (*weftv1.CreateResponse, error) {
+// errLayoutChanged says that the layout generation a create's layout was
+// placed under has moved: the directory's effective layout may differ.
+var errLayoutChanged = errors.New("create: the directory's layout may have changed since it was cached")
+
+// create runs a create's transaction with the layout placed for it (nil
+// for other types, or when the name existed at the look). With
+// layoutGen, the layout came from the cache at that layout generation,
+// which the transaction checks.
+func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateRequest, typ uint32, layout *weftv1.Layout, newIno uint64, op string, layoutGen *uint64) (*weftv1.CreateResponse, error) {
 	resp := new(weftv1.CreateResponse)
 	err := s.update(ctx, func(x *tx) error {
 		d, err := x.dir(req.Parent, op)
 		if err != nil {
 			return err
+		}
+		if layoutGen != nil {
+			gen, err := getUint64(x.t, keyLayoutGen)
+			if err != nil {
+				return err
+			}
+			if gen != *layoutGen {
+				return errLayoutChanged
+			}
 		}
 		if err := c.check(d, mayExec, op); err != nil {
 			return err
