@@ -423,3 +423,39 @@ func TestEtcdManySessionsRestart(t *testing.T) {
 		}
 	}
 }
+
+// A meta server that has a directory's effective layout cached still
+// gives new files the layout another meta server set meanwhile: its
+// create's transaction sees the layout generation move.
+func TestEtcdLayoutCacheAcrossServices(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	data := startChunkServer(t)
+	s1 := openService(t, openEtcd(t, srv, "/lcache/"), data)
+	s2 := openService(t, openEtcd(t, srv, "/lcache/"), nil)
+	d, err := s1.Mkdir(ctx, &weftv1.MkdirRequest{Caller: root, Parent: rootIno, Name: "d", Mode: 0o777})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunkSize := func(name string) uint32 {
+		t.Helper()
+		r, err := s1.Create(ctx, &weftv1.CreateRequest{Caller: root, Parent: d.Attr.Ino, Name: name, Mode: 0o644, Exclusive: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Attr.GetLayout().GetChunkSize()
+	}
+	before := chunkSize("a") // caches the directory's layout on s1
+	chunkSize("b")           // from the cache
+	const want = 4 << 20
+	if before == want {
+		t.Fatalf("the default chunk size is already %d", before)
+	}
+	if _, err := s2.SetLayout(ctx, &weftv1.SetLayoutRequest{Caller: root, Ino: d.Attr.Ino, Layout: &weftv1.Layout{ChunkSize: want}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := chunkSize("c"); got != want {
+		t.Fatalf("after the other server set %d-byte chunks, a new file has %d (before: %d)", want, got, before)
+	}
+}
