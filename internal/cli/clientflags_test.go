@@ -1,6 +1,12 @@
 package cli
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/weft-fs/weft/client"
+)
 
 func TestClientSettingsSizes(t *testing.T) {
 	tests := []struct {
@@ -25,6 +31,31 @@ func TestClientSettingsSizes(t *testing.T) {
 		}
 		if err == nil && (wb != tt.wantWB || ra != tt.wantRA) {
 			t.Errorf("sizes(%q, %q) = %d, %d; want %d, %d", tt.writeBuffer, tt.readAhead, wb, ra, tt.wantWB, tt.wantRA)
+		}
+	}
+}
+
+// --local-reads reaches the client's configuration: on by default, off
+// when given false.
+func TestClientSettingsLocalReads(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want bool // NoLocalReads
+	}{
+		{nil, false},
+		{[]string{"--local-reads=false"}, true},
+		{[]string{"--local-reads=true"}, false},
+	} {
+		cmd := &cobra.Command{Use: "x"}
+		var s clientSettings
+		s.addFlags(cmd)
+		if err := cmd.ParseFlags(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		var cfg client.Config
+		s.apply(&cfg)
+		if cfg.NoLocalReads != tt.want {
+			t.Errorf("%v: NoLocalReads = %v, want %v", tt.args, cfg.NoLocalReads, tt.want)
 		}
 	}
 }
