@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/weft-fs/weft/internal/wire"
@@ -121,7 +122,7 @@ func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
 		return false
 	}
 	if in.findLocalLocked(idx, ch.Version) == nil && in.local.pending[idx] == nil {
-		in.openLocalLocked(layout, ch, w, idx, false)
+		in.openLocalLocked(layout, ch, w, idx, false, true)
 	}
 	return true
 }
@@ -227,7 +228,12 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 // member of ch) and returns the channel closed when it is done; the
 // chunk is then in the inode's list, unless the open failed or the list
 // was dropped meanwhile.
-func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify bool) chan struct{} {
+//
+// With ahead (a sequential reader will want all of it), the kernel is
+// asked to read the chunk's file into its cache now (POSIX_FADV_WILLNEED),
+// as read-ahead would fetch it from a remote server: on a disk, the
+// reader then finds it in memory.
+func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify, ahead bool) chan struct{} {
 	if in.local.pending == nil {
 		in.local.pending = make(map[uint64]chan struct{})
 	}
@@ -266,6 +272,9 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			file: opened.File, length: opened.Length, sums: opened.Sums}
 		if lc.file != nil {
 			c.localOpen.Add(1)
+			if ahead && lc.length > 0 {
+				_ = unix.Fadvise(int(lc.file.Fd()), 0, lc.length, unix.FADV_WILLNEED) // a hint: nothing to do if refused
+			}
 		}
 		lc.refs.Store(1) // the list's
 		if !current {
@@ -327,7 +336,7 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 				in.mu.Unlock()
 				return nil
 			}
-			done = in.openLocalLocked(layout, ch, w, idx, verify)
+			done = in.openLocalLocked(layout, ch, w, idx, verify, false)
 			verify = false
 		}
 		in.mu.Unlock()
