@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"syscall"
@@ -226,5 +227,50 @@ func TestReadAheadAdaptive(t *testing.T) {
 				t.Errorf("largest read-ahead window %d, want at least %d", maxWin, tt.minWindow)
 			}
 		})
+	}
+}
+
+// Past a quarter of the write buffer, a writer's other buffered chunks go
+// out in the background while it goes on writing (partial chunks that
+// would otherwise wait for the flush); below it nothing is sent before
+// the flush, and the chunk being written is not sent half done.
+func TestBackgroundWriteBack(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 4, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c, counts := countingClient(t, tc, Config{WriteBufferBytes: 8 << 20})
+	ctx := context.Background()
+	f := create(t, c, "scattered", syscall.O_WRONLY)
+	piece := make([]byte, 256<<10)
+	// Below a quarter (2 MiB): a quarter of each of 7 chunks stays
+	// buffered.
+	for i := range 7 {
+		if _, err := f.WriteAt(ctx, piece, int64(i)<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := counts.writes.Load(); n != 0 {
+		t.Fatalf("%d chunk writes sent while 1.75 MiB were buffered, want none before the flush", n)
+	}
+	// Past it: the other chunks start going out.
+	if _, err := f.WriteAt(ctx, piece, 20<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, piece, 21<<20); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "background sends", func() error {
+		if n := counts.writes.Load(); n < 7 {
+			return fmt.Errorf("%d chunk writes sent", n)
+		}
+		return nil
+	})
+	f.in.mu.Lock()
+	_, current := f.in.dirty[21]
+	f.in.mu.Unlock()
+	if !current {
+		t.Error("the chunk just written was sent half done")
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

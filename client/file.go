@@ -166,17 +166,31 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
 	}
-	if _, err := f.in.write(p, uint64(off), f.flags&syscall.O_APPEND != 0, f.caller); err != nil {
+	at, err := f.in.write(p, uint64(off), f.flags&syscall.O_APPEND != 0, f.caller)
+	if err != nil {
 		return 0, err
 	}
-	f.c.relieve(ctx, f.in)
+	f.c.relieve(ctx, f.in, at, uint64(len(p)))
 	return len(p), nil
 }
 
-// relieve sends buffered data when the client holds more than its limit:
-// first the writer's own file, then every file.
-func (c *Client) relieve(ctx context.Context, in *inode) {
-	if c.buffered.Load() <= c.cfg.WriteBufferBytes {
+// backgroundShare: once the client buffers more than this share of its
+// write buffer, a writer starts sending its file's other buffered chunks
+// in the background (as the kernel's dirty_background_ratio does), so
+// that sends overlap with writing instead of piling up for the next
+// flush; only past the whole limit does it wait.
+const backgroundShare = 4
+
+// relieve sends buffered data when the client holds much of its limit:
+// past a quarter, the writer's file's chunks other than the ones its
+// write [off, off+n) touched start in the background; past the limit,
+// the writer waits for its own file's sends, then everyone's.
+func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
+	buffered := c.buffered.Load()
+	if buffered > c.cfg.WriteBufferBytes/backgroundShare {
+		in.sendOthers(off, n)
+	}
+	if buffered <= c.cfg.WriteBufferBytes {
 		return
 	}
 	_ = in.sendAll(ctx, false)
@@ -310,7 +324,7 @@ func (f *File) zero(ctx context.Context, off, length uint64) error {
 		if _, err := in.write(zeros[:n], pos, false, f.caller); err != nil {
 			return err
 		}
-		f.c.relieve(ctx, in)
+		f.c.relieve(ctx, in, pos, n)
 		pos += n
 	}
 	return nil

@@ -165,6 +165,26 @@ func (in *inode) sendAll(ctx context.Context, sync bool) error {
 	return waitOps(ctx, ops)
 }
 
+// sendOthers starts sending every buffered chunk but those that file
+// range [off, off+n) touches (a writer is likely to go on writing them),
+// without waiting.
+func (in *inode) sendOthers(off, n uint64) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	cs := uint64(in.layout.GetChunkSize())
+	if cs == 0 || len(in.dirty) == 0 {
+		return
+	}
+	first, last := off/cs, (off+max(n, 1)-1)/cs
+	for idx, buf := range in.dirty {
+		if idx >= first && idx <= last {
+			continue
+		}
+		delete(in.dirty, idx)
+		in.startSendLocked(idx, buf, false)
+	}
+}
+
 // sendChunks sends the buffered data of the given chunks and waits for
 // their sends (so a read that follows sees them on the data servers).
 func (in *inode) sendChunks(ctx context.Context, idxs []uint64) error {
