@@ -30,12 +30,12 @@ import (
 // write of this client to it, a truncate, or an open of the file drops
 // it (close-to-open, as for read-ahead), and at the file's last close. An
 // inode keeps at most maxLocalChunks (the least recently read go first),
-// the client at most maxLocalOpen. A block whose checksum does not match (a write from
-// another client since, or a bad copy) makes the client open the chunk
-// again with the server checking the whole of it (a bad copy is then
-// reported, repaired if it can be, and refused with EIO); a second
-// mismatch, or any failure, sends the chunk's reads through the servers
-// for localRetryAfter.
+// the client at most maxLocalOpen. A block whose checksum does not match
+// (a write from another client since, or a bad copy) makes the client
+// open the chunk again with the server checking the whole of it (a bad
+// copy is then reported, repaired if it can be, and refused with EIO); a
+// second mismatch, or any failure, sends the chunk's reads through the
+// servers for localRetryAfter.
 
 // maxLocalChunks bounds the chunks an inode keeps open in place.
 const maxLocalChunks = 256
@@ -48,7 +48,7 @@ const maxLocalOpen = 4096
 // read through its server before the client tries again.
 const localRetryAfter = time.Second
 
-// localChunk is a chunk mapped from a data server on this host.
+// localChunk is a chunk of a data server on this host, open in place.
 type localChunk struct {
 	idx     uint64
 	chain   uint64
@@ -214,7 +214,7 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 	if lc == nil {
 		return nil
 	}
-	if lc.version == version && lc.fileSize == in.sizeLocked() && lc.w.LeaseValid(in.c.bg) {
+	if lc.version == version && lc.fileSize == in.sizeLocked() && lc.w.LeaseFresh(in.c.bg) {
 		return lc
 	}
 	// A new chain version, an expired lease, or a length another client

@@ -361,24 +361,30 @@ func (c *Client) setLease(sent time.Time, d time.Duration) {
 // read now. The lease is renewed in the background once half of it is
 // gone, and at once when it is over.
 func (c *Client) LeaseValid(ctx context.Context) bool {
-	now := time.Now().UnixNano()
-	left := c.leaseUntil.Load() - now
-	if left > c.leaseLen.Load()/2 {
-		return true
-	}
-	if left > 0 {
-		if c.renewing.CompareAndSwap(false, true) {
-			go func() {
-				defer c.renewing.Store(false)
-				rctx, cancel := context.WithTimeout(ctx, localOpenTimeout)
-				defer cancel()
-				c.renewLease(rctx)
-			}()
-		}
+	if c.LeaseFresh(ctx) {
 		return true
 	}
 	c.renewLease(ctx)
 	return c.leaseUntil.Load() > time.Now().UnixNano()
+}
+
+// LeaseFresh is LeaseValid without waiting: false once the lease is over
+// (the next open renews it); it starts a renewal in the background once
+// half of it is gone. ctx bounds that renewal.
+func (c *Client) LeaseFresh(ctx context.Context) bool {
+	left := c.leaseUntil.Load() - time.Now().UnixNano()
+	if left > c.leaseLen.Load()/2 {
+		return true
+	}
+	if left > 0 && c.renewing.CompareAndSwap(false, true) {
+		go func() {
+			defer c.renewing.Store(false)
+			rctx, cancel := context.WithTimeout(ctx, localOpenTimeout)
+			defer cancel()
+			c.renewLease(rctx)
+		}()
+	}
+	return left > 0
 }
 
 // renewLease asks the server for a new lease (opLease).
