@@ -158,6 +158,11 @@ func (in *inode) avoidedLocked(idx uint64) bool {
 func (in *inode) avoidLocal(idx uint64) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	in.avoidLocalLocked(idx)
+}
+
+// avoidLocalLocked is avoidLocal with in.mu held.
+func (in *inode) avoidLocalLocked(idx uint64) {
 	if in.local.avoid == nil {
 		in.local.avoid = make(map[uint64]uint64)
 	}
@@ -260,11 +265,7 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			if isCode(err, codes.FailedPrecondition) {
 				go c.chains.refreshIfStale(c.bg, chain, ch.Version)
 			} else if in.local.gen == gen {
-				// Read through the server for a while.
-				if in.local.avoid == nil {
-					in.local.avoid = make(map[uint64]uint64)
-				}
-				in.local.avoid[idx] = uint64(time.Now().Add(localRetryAfter).UnixNano())
+				in.avoidLocalLocked(idx) // read through the server for a while
 			}
 			return
 		}
@@ -281,8 +282,8 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
 			return
 		}
-		if old := in.findLocalLocked(idx, ch.Version); old != nil {
-			in.dropChunkLocked(old)
+		if old := in.local.chunks[idx]; old != nil {
+			in.dropChunkLocked(old) // the verified open replaces it
 		}
 		if len(in.local.chunks) >= maxLocalChunks {
 			in.dropLeastUsedLocked()
@@ -404,9 +405,8 @@ func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bo
 		}
 		return nil, nil, false
 	}
-	if n, err := lc.file.ReadAt(buf, from); n < len(buf) {
-		_ = err // a short read: cut under us; the server path says what is there
-		return fail()
+	if n, _ := lc.file.ReadAt(buf, from); n < len(buf) {
+		return fail() // cut short under us: the server path says what is there
 	}
 	for b := first; b*wire.BlockSize < to; b++ {
 		lo := b*wire.BlockSize - from

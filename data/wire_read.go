@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -39,6 +40,13 @@ func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest
 func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
 	return s.readChunk(req, alloc)
 }
+
+// The client checks the checksums handed out with a chunk opened in
+// place in blocks of wire.BlockSize: the chunk store's block size.
+var (
+	_ [chunk.BlockSize - wire.BlockSize]struct{}
+	_ [wire.BlockSize - chunk.BlockSize]struct{}
+)
 
 // OpenChunkRead opens a chunk for a client on this host to read in place
 // (see wire.LocalChunk), after the checks of a read: this server serves

@@ -77,8 +77,9 @@ var ErrNotLocal = errors.New("the data server cannot be read in place from here"
 const localOffEnv = "WEFT_LOCAL_READS"
 
 // LocalReadsWanted reports whether this process reads chunks of data
-// servers on its host in place (WEFT_LOCAL_READS is not "off").
-func LocalReadsWanted() bool { return os.Getenv(localOffEnv) != "off" }
+// servers on its host in place (WEFT_LOCAL_READS is not "off"), as the
+// environment said at the first call: it is asked on every read.
+var LocalReadsWanted = sync.OnceValue(func() bool { return os.Getenv(localOffEnv) != "off" })
 
 // lease serves opLease.
 func (c *serverConn) lease(id uint64) {
