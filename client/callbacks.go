@@ -157,7 +157,33 @@ func (c *Client) watchOnce() error {
 // to the hook.
 func (c *Client) deliver(inv *weftv1.Invalidation) {
 	c.dirs.invalidate(inv)
+	c.dropReadCaches(inv)
 	c.cb.hook(inv)
+}
+
+// dropReadCaches forgets what this client fetched ahead or opened in place
+// of the files a callback names (every file for Invalidation.all): the
+// next read gets what the data servers hold now.
+func (c *Client) dropReadCaches(inv *weftv1.Invalidation) {
+	var ins []*inode
+	c.inodesMu.Lock()
+	if inv.All {
+		for _, in := range c.inodes {
+			ins = append(ins, in)
+		}
+	} else {
+		for _, ino := range inv.Inodes {
+			if in := c.inodes[ino]; in != nil {
+				ins = append(ins, in)
+			}
+		}
+	}
+	c.inodesMu.Unlock()
+	for _, in := range ins {
+		in.mu.Lock()
+		in.dropReadAheadLocked()
+		in.mu.Unlock()
+	}
 }
 
 // withSession adds the session header to a call without a Caller when

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 	"google.golang.org/grpc"
@@ -272,5 +273,103 @@ func TestBackgroundWriteBack(t *testing.T) {
 	}
 	if err := f.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadOverlaysUnsentWrites checks that a read of bytes this client
+// wrote and no data server has acknowledged yet, buffered or on their way,
+// returns them laid over the servers' copy without waiting for the
+// write-back: a buffered write stays buffered, and a read of bytes whose
+// send cannot finish still returns at once.
+func TestReadOverlaysUnsentWrites(t *testing.T) {
+	const cs = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: cs, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c, counts := countingClient(t, tc, Config{})
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(3, 4))
+	model := randomBytes(rnd, 3*cs)
+	f := create(t, c, "overlaid", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// check reads [off, off+n) against the model within a deadline.
+	check := func(what string, off, n int) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		got := make([]byte, n)
+		if _, err := f.ReadAt(rctx, got, int64(off)); err != nil {
+			t.Fatalf("%s: read %d bytes at %d: %v", what, n, off, err)
+		}
+		if !bytes.Equal(got, model[off:off+n]) {
+			t.Fatalf("%s: read %d bytes at %d: not what was written", what, n, off)
+		}
+	}
+	write := func(off, n int) {
+		t.Helper()
+		p := randomBytes(rnd, n)
+		copy(model[off:], p)
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Buffered: two small writes in chunk 1, reads across them and across
+	// the chunk boundary.
+	sent := counts.writes.Load()
+	write(cs+1000, 8<<10)
+	write(cs+300<<10, 100)
+	check("inside a buffered write", cs+2000, 4<<10)
+	check("across buffered writes and stored bytes", cs-5000, 400<<10)
+	check("a whole chunk", cs, cs)
+	if n := counts.writes.Load() - sent; n != 0 {
+		t.Errorf("reads sent %d chunk writes, want none (the writes stay buffered)", n)
+	}
+	f.in.mu.Lock()
+	buf := f.in.dirty[1]
+	f.in.mu.Unlock()
+	if buf == nil {
+		t.Fatal("chunk 1's writes are no longer buffered after the reads")
+	}
+
+	// In flight: chunk 1's buffer is taken by a send that does not finish
+	// (as when its data server hangs), and newer bytes are buffered on
+	// top. Reads must not wait for it.
+	stuck := &sendOp{done: make(chan struct{})}
+	f.in.mu.Lock()
+	delete(f.in.dirty, 1)
+	stuck.buf, stuck.bytes = buf, buf.size
+	f.in.inflight[1] = stuck
+	f.in.mu.Unlock()
+	write(cs+1000+4<<10, 8<<10) // half over the stuck bytes
+	check("bytes of a send in flight", cs+1000, 4<<10)
+	check("in flight, buffered and stored bytes", cs, 400<<10)
+
+	// Let the stuck send go the normal way and check what the servers
+	// hold after a flush.
+	f.in.mu.Lock()
+	delete(f.in.inflight, 1)
+	stuck.buf = nil
+	newer := f.in.dirty[1]
+	newerSize := newer.size
+	for _, e := range newer.extents {
+		buf.write(e.off, e.data)
+	}
+	newer.release()
+	f.in.dirty[1] = buf
+	f.in.mu.Unlock()
+	c.buffered.Add(buf.size - stuck.bytes - newerSize)
+	close(stuck.done)
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := open(t, c, "overlaid", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	if got := readAll(t, g, len(model), 256<<10); !bytes.Equal(got, model) {
+		t.Fatal("after the flush the file is not what was written")
 	}
 }

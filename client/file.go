@@ -97,7 +97,7 @@ func (c *Client) acquire(attr *weftv1.Attr) *inode {
 	if attr.Layout != nil {
 		in.layout = attr.Layout
 	}
-	in.metaSize = attr.Size
+	in.metaSize, in.metaMtimeNs = attr.Size, attr.MtimeNs
 	in.dropReadAheadLocked() // a fresh open reads what is stored now
 	in.mu.Unlock()
 	return in

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,11 +32,15 @@ type inode struct {
 	mu       sync.Mutex
 	layout   *weftv1.Layout
 	metaSize uint64 // file length as last heard from the meta service
-	attrGen  uint64 // bumps when metaSize is set by a commit or truncate
-	dirty    map[uint64]*chunkBuf
-	inflight map[uint64]*sendOp // latest send per chunk index
-	unsynced map[uint64]uint64  // chunk index -> chain, written without sync since its chain's last SyncFile
-	err      error              // failed background send, not yet reported
+	// metaMtimeNs is the mtime last heard from the meta service: fresh
+	// attributes with another length or mtime mean someone changed the
+	// file, and what this client read of it may be stale.
+	metaMtimeNs int64
+	attrGen     uint64 // bumps when metaSize is set by a commit or truncate
+	dirty       map[uint64]*chunkBuf
+	inflight    map[uint64]*sendOp // latest send per chunk index
+	unsynced    map[uint64]uint64  // chunk index -> chain, written without sync since its chain's last SyncFile
+	err         error              // failed background send, not yet reported
 
 	localEnd     uint64 // end of the furthest write not yet committed
 	writeSeq     uint64 // counts writes
@@ -54,7 +59,8 @@ type inode struct {
 // applies writes to a chunk in the order they were made.
 type sendOp struct {
 	done  chan struct{}
-	prev  *sendOp
+	prev  *sendOp   // guarded by the inode's mutex; nil once this send is done
+	buf   *chunkBuf // the bytes on their way; nil (and given back) once done, under the inode's mutex
 	bytes int64
 	err   error
 }
@@ -67,7 +73,7 @@ func (in *inode) writtenLocked() bool { return in.writeSeq != in.committedSeq }
 // sync, the last write of the buffer asks the data servers to make the
 // chunk durable (on every live replica), which spares a SyncFile.
 func (in *inode) startSendLocked(idx uint64, buf *chunkBuf, sync bool) *sendOp {
-	op := &sendOp{done: make(chan struct{}), prev: in.inflight[idx], bytes: buf.size}
+	op := &sendOp{done: make(chan struct{}), prev: in.inflight[idx], buf: buf, bytes: buf.size}
 	in.inflight[idx] = op
 	layout := in.layout
 	go in.send(op, layout, idx, buf, sync)
@@ -75,8 +81,11 @@ func (in *inode) startSendLocked(idx uint64, buf *chunkBuf, sync bool) *sendOp {
 }
 
 func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkBuf, sync bool) {
-	if op.prev != nil {
-		<-op.prev.done
+	in.mu.Lock()
+	prev := op.prev
+	in.mu.Unlock()
+	if prev != nil {
+		<-prev.done
 	}
 	chain := chainFor(layout, idx)
 	var err error
@@ -86,8 +95,11 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 			break
 		}
 	}
-	buf.release() // the lean data path keeps what a server may still read
 	in.mu.Lock()
+	// Readers overlay the bytes of sends still in flight (overlayLocked):
+	// they go back under the mutex, once nobody can reach them.
+	buf.release() // the lean data path keeps what a server may still read
+	op.buf, op.prev = nil, nil
 	if in.inflight[idx] == op {
 		delete(in.inflight, idx)
 	}
@@ -185,24 +197,6 @@ func (in *inode) sendOthers(off, n uint64) {
 	}
 }
 
-// sendChunks sends the buffered data of the given chunks and waits for
-// their sends (so a read that follows sees them on the data servers).
-func (in *inode) sendChunks(ctx context.Context, idxs []uint64) error {
-	in.mu.Lock()
-	var ops []*sendOp
-	for _, idx := range idxs {
-		if buf := in.dirty[idx]; buf != nil {
-			delete(in.dirty, idx)
-			in.startSendLocked(idx, buf, false)
-		}
-		if op := in.inflight[idx]; op != nil {
-			ops = append(ops, op)
-		}
-	}
-	in.mu.Unlock()
-	return waitOps(ctx, ops)
-}
-
 func waitOps(ctx context.Context, ops []*sendOp) error {
 	for _, op := range ops {
 		select {
@@ -296,7 +290,7 @@ func (in *inode) commitLocked(ctx context.Context) error {
 		return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
 	}
 	in.mu.Lock()
-	in.metaSize = resp.GetAttr().GetSize()
+	in.metaSize, in.metaMtimeNs = resp.GetAttr().GetSize(), resp.GetAttr().GetMtimeNs()
 	in.attrGen++
 	if in.writeSeq == seq {
 		in.committedSeq = seq
@@ -351,22 +345,22 @@ func (in *inode) truncated(size uint64) {
 // read fills p from file offset off, clipped to the file's size; it
 // returns the number of bytes read (0 at or past the end).
 func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
-	sp, layout, n, err := in.planRead(ctx, len(p), off)
+	sp, layout, n, ov, err := in.planRead(ctx, len(p), off)
 	if err != nil || n == 0 {
 		return 0, err
 	}
-	return int(n), in.readSpans(ctx, layout, sp, p)
+	return int(n), in.readOverlaid(ctx, layout, sp, ov, p)
 }
 
 // readView is read, but where the range lies in one read-ahead window it
 // returns that window's bytes instead of copying them into p, with the
 // function that lets go of them (nil when the data is in p).
 func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, func(), error) {
-	sp, layout, n, err := in.planRead(ctx, len(p), off)
+	sp, layout, n, ov, err := in.planRead(ctx, len(p), off)
 	if err != nil || n == 0 {
 		return nil, nil, err
 	}
-	if len(sp) == 1 {
+	if len(sp) == 1 && ov == nil {
 		s := sp[0]
 		if v, release, ok := in.localRead(ctx, layout, s, p); ok {
 			return v, release, nil
@@ -384,7 +378,7 @@ func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, fu
 			return buf, func() { wire.PutShared(buf) }, nil
 		}
 	}
-	return p[:n], nil, in.readSpans(ctx, layout, sp, p)
+	return p[:n], nil, in.readOverlaid(ctx, layout, sp, ov, p)
 }
 
 // minViewRead is the least read that readView answers from a buffer of
@@ -392,35 +386,99 @@ func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, fu
 const minViewRead = 16 << 10
 
 // planRead clips a read of want bytes at off to the file's size, splits
-// it into chunk spans, starts read-ahead, and sends the buffered writes it
-// overlaps first. n is 0 at or past the end of the file.
-func (in *inode) planRead(ctx context.Context, want int, off uint64) (sp []span, layout *weftv1.Layout, n uint64, err error) {
+// it into chunk spans and starts read-ahead. n is 0 at or past the end of
+// the file. Where a span overlaps this client's writes that no data
+// server has acknowledged yet (buffered or in flight), ov holds copies of
+// those bytes per span (nil: none anywhere), to lay over what the servers
+// return: a read never waits for write-back.
+func (in *inode) planRead(ctx context.Context, want int, off uint64) (sp []span, layout *weftv1.Layout, n uint64, ov [][]extent, err error) {
 	in.mu.Lock()
+	defer in.mu.Unlock()
 	if err := checkLayout(in.ino, in.layout); err != nil {
-		in.mu.Unlock()
-		return nil, nil, 0, err
+		return nil, nil, 0, nil, err
 	}
 	size, layout := in.sizeLocked(), in.layout
 	if off >= size || want == 0 {
-		in.mu.Unlock()
-		return nil, nil, 0, nil
+		return nil, nil, 0, nil, nil
 	}
 	n = min(uint64(want), size-off)
 	sp = spans(off, n, uint64(layout.ChunkSize))
-	var pending []uint64
-	for _, s := range sp {
-		if b := in.dirty[s.index]; (b != nil && b.overlaps(s.off, s.off+s.n)) || in.inflight[s.index] != nil {
-			pending = append(pending, s.index)
+	for i, s := range sp {
+		if o := in.overlayLocked(s.index, s.off, s.off+s.n); o != nil {
+			if ov == nil {
+				ov = make([][]extent, len(sp))
+			}
+			ov[i] = o
 		}
 	}
 	in.readAheadLocked(layout, size, off, n)
-	in.mu.Unlock()
-	if len(pending) > 0 {
-		if err := in.sendChunks(ctx, pending); err != nil {
-			return nil, nil, 0, err
+	return sp, layout, n, ov, nil
+}
+
+// overlayLocked returns copies of the bytes in chunk range [off, end) of
+// chunk idx that this client wrote and no data server has acknowledged:
+// those of sends in flight, oldest first, then the buffered ones, so that
+// laying them over a server's copy in order gives the newest bytes. nil
+// when there are none.
+func (in *inode) overlayLocked(idx, off, end uint64) []extent {
+	var layers [][]extent
+	if b := in.dirty[idx]; b != nil {
+		layers = append(layers, b.extents)
+	}
+	for op := in.inflight[idx]; op != nil; op = op.prev {
+		if op.buf != nil {
+			layers = append(layers, op.buf.extents)
 		}
 	}
-	return sp, layout, n, nil
+	var out []extent
+	for i := len(layers) - 1; i >= 0; i-- { // oldest first
+		for _, e := range layers[i] {
+			lo, hi := max(e.off, off), min(e.end(), end)
+			if lo < hi {
+				out = append(out, extent{off: lo, data: append([]byte(nil), e.data[lo-e.off:hi-e.off]...)})
+			}
+		}
+	}
+	return out
+}
+
+// covers reports whether extents ov (in any order, overlapping or not)
+// cover all of [off, end).
+func covers(ov []extent, off, end uint64) bool {
+	sorted := slices.SortedFunc(slices.Values(ov), func(a, b extent) int { return cmp.Compare(a.off, b.off) })
+	for _, e := range sorted {
+		if e.off > off {
+			return false
+		}
+		off = max(off, e.end())
+		if off >= end {
+			return true
+		}
+	}
+	return off >= end
+}
+
+// readOverlaid reads spans sp into p from the data servers, except those
+// that ov covers completely, and lays ov over what was read.
+func (in *inode) readOverlaid(ctx context.Context, layout *weftv1.Layout, sp []span, ov [][]extent, p []byte) error {
+	if ov == nil {
+		return in.readSpans(ctx, layout, sp, p)
+	}
+	var fetch []span
+	for i, s := range sp {
+		if !covers(ov[i], s.off, s.off+s.n) {
+			fetch = append(fetch, s)
+		}
+	}
+	if err := in.readSpans(ctx, layout, fetch, p); err != nil {
+		return err
+	}
+	for i, s := range sp {
+		for _, e := range ov[i] {
+			copy(p[s.bufOff+(e.off-s.off):], e.data)
+		}
+	}
+	return nil
 }
 
 // readSpans fills p with spans sp, in parallel when there are several.

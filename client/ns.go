@@ -23,7 +23,12 @@ func (c *Client) overlay(attr *weftv1.Attr, gen uint64, fresh bool) *weftv1.Attr
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if fresh && in.attrGen == gen {
-		in.metaSize = attr.Size
+		if attr.Size != in.metaSize || attr.MtimeNs != in.metaMtimeNs {
+			// Changed by someone else (or by a commit of this client
+			// whose reply is not in yet): read what is stored now.
+			in.dropReadAheadLocked()
+		}
+		in.metaSize, in.metaMtimeNs = attr.Size, attr.MtimeNs
 	}
 	if in.writtenLocked() {
 		attr.Size = max(attr.Size, in.localEnd)

@@ -127,13 +127,3 @@ func (b *chunkBuf) truncate(size uint64) int64 {
 	b.extents = keep
 	return before - b.size
 }
-
-// overlaps reports whether any buffered byte lies in chunk range [off, end).
-func (b *chunkBuf) overlaps(off, end uint64) bool {
-	for _, e := range b.extents {
-		if e.off < end && off < e.end() {
-			return true
-		}
-	}
-	return false
-}

@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -223,4 +224,96 @@ func TestCallbacksAcrossMounts(t *testing.T) {
 			t.Errorf("2000 cached stats made %d meta calls", n)
 		}
 	})
+}
+
+// TestOpenFileSeesOtherMountsWrite checks that a file held open on one
+// mount shows another mount's rewrite of it (same length), though the
+// kernel does not drop cached pages by itself when it sees a file's mtime
+// change: with callbacks the callback drops them, without callbacks the
+// next fetch of the file's attributes (here fstat, past the attribute
+// timeout) does.
+func TestOpenFileSeesOtherMountsWrite(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2, Replicas: 1}, 1)
+	a, _, _ := mountWith(t, tc, Options{})
+	tests := []struct {
+		name string
+		opts Options
+	}{
+		{"callbacks", Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}},
+		{"no callbacks", Options{NoCallbacks: true}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _, _ := mountWith(t, tc, tt.opts)
+			name := fmt.Sprint("shared", i)
+			old := bytes.Repeat([]byte("1"), 100<<10)
+			if err := os.WriteFile(filepath.Join(a, name), old, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(filepath.Join(b, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			got := make([]byte, len(old))
+			if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, old) {
+				t.Fatalf("first read on b: %v", err)
+			}
+			upd := bytes.Repeat([]byte("2"), len(old))
+			time.Sleep(10 * time.Millisecond) // a later mtime
+			if err := os.WriteFile(filepath.Join(a, name), upd, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "b's open file shows a's rewrite", func() error {
+				if tt.opts.NoCallbacks {
+					if _, err := f.Stat(); err != nil {
+						return err
+					}
+				}
+				if _, err := f.ReadAt(got, 0); err != nil {
+					return err
+				}
+				if !bytes.Equal(got, upd) {
+					return errors.New("old bytes")
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestReadAfterWriteAsksNothing checks that reads following writes on an
+// open file make no metadata calls (the kernel would ask for the file's
+// attributes before each such read if it invalidated its data cache by
+// itself).
+func TestReadAfterWriteAsksNothing(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2, Replicas: 1}, 1)
+	dir, c, _ := mountWith(t, tc, Options{})
+	f, err := os.OpenFile(filepath.Join(dir, "rw"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Stat(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	calls := c.MetaCalls()
+	buf := make([]byte, 4<<10)
+	for i := range n {
+		if _, err := f.WriteAt(buf, int64(i)*16<<10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.ReadAt(buf, int64(i)*16<<10+8<<10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.MetaCalls() - calls; got > n/10 {
+		t.Errorf("%d metadata calls for %d writes each followed by a read, want (almost) none", got, n)
+	}
 }

@@ -58,10 +58,23 @@ func (fs *weftFS) caller(h *fuse.InHeader) *weftv1.Caller {
 	return fs.c.Caller(h.Uid, h.Gid, h.Pid)
 }
 
+// remember records what the kernel is told about a's data.
+//
+// The kernel does not drop a file's cached pages by itself when it sees
+// its length or mtime change (the mount asks for explicit data cache
+// control, so that a read after a write does not cost a getattr): while
+// callbacks are live the meta service's callback drops them, and an open
+// that finds the file changed does; otherwise a regular file that
+// changed since the kernel last heard has its pages dropped here.
 func (fs *weftFS) remember(a *weftv1.Attr) {
 	fs.mu.Lock()
+	t, ok := fs.told[a.Ino]
 	fs.told[a.Ino] = told{size: a.Size, mtimeNs: a.MtimeNs}
 	fs.mu.Unlock()
+	if ok && (t.size != a.Size || t.mtimeNs != a.MtimeNs) && a.Mode&syscall.S_IFMT == syscall.S_IFREG &&
+		fs.notes != nil && !fs.c.CallbacksLive() {
+		fs.notes.deliver(&weftv1.Invalidation{Inodes: []uint64{a.Ino}})
+	}
 }
 
 func (fs *weftFS) fillEntry(a *weftv1.Attr, out *fuse.EntryOut) {

@@ -101,16 +101,21 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 	fs := newFS(c, opts)
 	fs.notes = newNotifier(fs)
 	mo := &fuse.MountOptions{
-		AllowOther:           opts.AllowOther,
-		MaxWrite:             maxWrite,
-		MaxBackground:        64,
-		MaxReadAhead:         4 << 20, // a ceiling: the kernel offers FUSE its default (128 KiB) and this cannot raise it
-		DisableSplice:        true,    // replies are bytes: splicing them costs 3 syscalls per read for nothing
-		FsName:               opts.FsName,
-		Name:                 "weft",
-		Debug:                opts.Debug,
-		DirectMount:          os.Geteuid() == 0,
-		DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		AllowOther:    opts.AllowOther,
+		MaxWrite:      maxWrite,
+		MaxBackground: 64,
+		MaxReadAhead:  4 << 20, // a ceiling: the kernel offers FUSE its default (128 KiB) and this cannot raise it
+		DisableSplice: true,    // replies are bytes: splicing them costs 3 syscalls per read for nothing
+		// The kernel would otherwise ask for a file's attributes before
+		// every read that follows a write, to see whether its cached
+		// pages are still good; callbacks, close-to-open and remember
+		// (fs.go) drop them instead.
+		ExplicitDataCacheControl: true,
+		FsName:                   opts.FsName,
+		Name:                     "weft",
+		Debug:                    opts.Debug,
+		DirectMount:              os.Geteuid() == 0,
+		DisabledCapabilities:     fuse.CAP_PASSTHROUGH,
 		// flock and POSIX locks go to the meta service (locks.go), so
 		// they hold across mounts.
 		EnableLocks: true,
@@ -143,8 +148,10 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		<-m.done
 		return nil, fmt.Errorf("mount weft at %s: %w", mp, err)
 	}
+	// The notifier also drops the pages of files found changed without
+	// callbacks (fs.remember).
+	go fs.notes.run(m.done)
 	if opts.callbacks {
-		go fs.notes.run(m.done)
 		c.WatchCallbacks(fs.notes.deliver)
 	}
 	return m, nil
