@@ -373,3 +373,41 @@ func TestReadOverlaysUnsentWrites(t *testing.T) {
 		t.Fatal("after the flush the file is not what was written")
 	}
 }
+
+// TestScatteredWritesOneRequestPerChunk checks that small writes scattered
+// over a chunk go to the data server as one write of pieces, and that
+// the file then holds them.
+func TestScatteredWritesOneRequestPerChunk(t *testing.T) {
+	const cs = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: cs, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c, counts := countingClient(t, tc, Config{})
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(9, 10))
+	model := make([]byte, 2*cs)
+	f := create(t, c, "scattered", syscall.O_WRONLY)
+	for i := range 40 { // 20 pieces in each of two chunks, none adjacent
+		off := (i%2)*cs + (i/2)*(48<<10) + rnd.IntN(16<<10)
+		p := randomBytes(rnd, 8<<10)
+		copy(model[off:], p)
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := counts.writes.Load(); n != 2 {
+		t.Errorf("%d chunk writes for 40 scattered writes over 2 chunks, want 2", n)
+	}
+	end := len(model)
+	for end > 0 && model[end-1] == 0 {
+		end--
+	}
+	r := newTestClient(t, tc.metaAddr, Config{})
+	g, _ := open(t, r, "scattered", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	if got := readAll(t, g, end, 256<<10); !bytes.Equal(got, model[:end]) {
+		t.Fatal("the file does not hold the scattered writes")
+	}
+}

@@ -89,10 +89,15 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 	}
 	chain := chainFor(layout, idx)
 	var err error
-	for i, e := range buf.extents {
-		last := sync && i == len(buf.extents)-1
-		if err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, last); err != nil {
-			break
+	if len(buf.extents) == 1 {
+		e := buf.extents[0]
+		err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, sync)
+	} else {
+		// Scattered writes of the chunk go as one write of pieces.
+		for i := 0; i < len(buf.extents) && err == nil; i += maxPiecesPerWrite {
+			group := buf.extents[i:min(i+maxPiecesPerWrite, len(buf.extents))]
+			last := sync && i+len(group) == len(buf.extents)
+			err = in.c.writeChunkPieces(in.c.bg, in.ino, layout, idx, group, last)
 		}
 	}
 	in.mu.Lock()
@@ -506,6 +511,35 @@ func (c *Client) writeChunk(ctx context.Context, ino uint64, l *weftv1.Layout, i
 			_, err := dc.WriteChunk(ctx, &weftv1.WriteChunkRequest{
 				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
 				Offset: off, Data: data, Sync: sync, ChunkSize: l.ChunkSize,
+			})
+			return err
+		})
+}
+
+// maxPiecesPerWrite bounds the pieces of one chunk write.
+const maxPiecesPerWrite = 1024
+
+// writeChunkPieces sends extents of one chunk to the head of its chain as
+// one write of pieces (one RPC, one chunk version).
+func (c *Client) writeChunkPieces(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, extents []extent, sync bool) error {
+	chain := chainFor(l, idx)
+	offs := make([]uint64, len(extents))
+	lens := make([]uint32, len(extents))
+	total := 0
+	for i, e := range extents {
+		offs[i], lens[i] = e.off, uint32(len(e.data))
+		total += len(e.data)
+	}
+	data := make([]byte, 0, total)
+	for _, e := range extents {
+		data = append(data, e.data...)
+	}
+	return c.onChain(ctx, chain, fmt.Sprintf("write %d pieces of chunk %d of file %d", len(extents), idx, ino),
+		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+			_, err := dc.WriteChunk(ctx, &weftv1.WriteChunkRequest{
+				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
+				Offset: weftv1.PiecesOffset, Data: data, Sync: sync, ChunkSize: l.ChunkSize,
+				PieceOffsets: offs, PieceLengths: lens,
 			})
 			return err
 		})

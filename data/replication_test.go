@@ -27,6 +27,12 @@ func TestChainReplicatesMutations(t *testing.T) {
 	}{
 		{"write", func() error { return c.write(0, 100, 0, 0, bytes.Repeat([]byte("a"), 200000)) }},
 		{"overwrite unaligned", func() error { return c.write(0, 100, 0, 70000, bytes.Repeat([]byte("b"), 1000)) }},
+		{"write of pieces", func() error {
+			_, err := head.WriteChunk(ctx, &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{Ino: 100},
+				ChainId: testChain, ChainVersion: c.curVersion(), ChunkSize: 1 << 20,
+				Offset: weftv1.PiecesOffset, Data: []byte("p1p1pp2"), PieceOffsets: []uint64{10, 250000}, PieceLengths: []uint32{4, 3}})
+			return err
+		}},
 		{"second chunk", func() error { return c.write(0, 100, 1, 5000, bytes.Repeat([]byte("c"), 300000)) }},
 		{"other file", func() error { return c.write(0, 101, 0, 0, []byte("gone soon")) }},
 		{"sync write", func() error {
@@ -67,6 +73,19 @@ func TestChainReplicatesMutations(t *testing.T) {
 		ChainVersion: c.curVersion(), Offset: 70000, Length: 1000})
 	if err != nil || !bytes.Equal(r.GetData(), bytes.Repeat([]byte("b"), 1000)) {
 		t.Fatalf("read from the tail: %v", err)
+	}
+	for _, p := range []struct {
+		off  uint64
+		want string
+	}{{8, "aap1p1aa"}, {199998, "aa"}, {249999, "\x00pp2"}} {
+		r, err := c.servers[2].client.ReadChunk(ctx, &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Ino: 100}, ChainId: testChain,
+			ChainVersion: c.curVersion(), Offset: p.off, Length: uint32(len(p.want))})
+		if err != nil || string(r.GetData()) != p.want {
+			t.Fatalf("read %d bytes at %d from the tail after a write of pieces: %q, %v; want %q", len(p.want), p.off, r.GetData(), err, p.want)
+		}
+	}
+	if info, err := c.target(2).Stat(chunk.ID{Ino: 100}); err != nil || info.Version != 3 {
+		t.Fatalf("chunk 0 on the tail after three writes (one of pieces): %+v, %v; want version 3", info, err)
 	}
 
 	err = c.write(1, 100, 0, 0, []byte("x"))
@@ -283,5 +302,44 @@ func TestChainMembersOnOneServer(t *testing.T) {
 		if err != nil || got.Version != 1 || string(got.Data) != "both disks" {
 			t.Fatalf("target %s: version %d %q, %v", tg.Dir(), got.Version, got.Data, err)
 		}
+	}
+}
+
+// TestWriteOfPiecesRefused checks that a write of pieces whose table does
+// not match its data, or that lies outside the chunk, is refused with
+// InvalidArgument before anything is written.
+func TestWriteOfPiecesRefused(t *testing.T) {
+	c := newChainCluster(t, 2, nil)
+	ctx := context.Background()
+	c.mustWrite(0, 7, 0, 0, bytes.Repeat([]byte("k"), 1000))
+	tests := []struct {
+		name string
+		off  uint64
+		data string
+		offs []uint64
+		lens []uint32
+	}{
+		{"more offsets than lengths", weftv1.PiecesOffset, "abcd", []uint64{0, 2}, []uint32{4}},
+		{"lengths past the data", weftv1.PiecesOffset, "abcd", []uint64{0, 8}, []uint32{2, 3}},
+		{"data left over", weftv1.PiecesOffset, "abcdef", []uint64{0, 8}, []uint32{2, 2}},
+		{"piece past the chunk", weftv1.PiecesOffset, "abcd", []uint64{0, 1<<20 - 1}, []uint32{2, 2}},
+		{"offset not the pieces mark", 0, "abcd", []uint64{0, 8}, []uint32{2, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.servers[0].client.WriteChunk(ctx, &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{Ino: 7},
+				ChainId: testChain, ChainVersion: c.curVersion(), ChunkSize: 1 << 20,
+				Offset: tt.off, Data: []byte(tt.data), PieceOffsets: tt.offs, PieceLengths: tt.lens})
+			// A range outside the chunk is the chunk store's EINVAL.
+			if c := status.Code(err); c != codes.InvalidArgument && (err == nil || !strings.Contains(err.Error(), "invalid argument")) {
+				t.Fatalf("got %v (%v), want InvalidArgument or EINVAL", c, err)
+			}
+			for i := range 2 {
+				info, err := c.target(i).Stat(chunk.ID{Ino: 7})
+				if err != nil || info.Version != 1 || info.Length != 1000 {
+					t.Fatalf("server %d after a refused write: %+v, %v; want version 1, 1000 bytes", i, info, err)
+				}
+			}
+		})
 	}
 }

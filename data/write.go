@@ -33,11 +33,15 @@ func (s *Server) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 	if err != nil {
 		return nil, err
 	}
+	pieces, err := writePieces(req)
+	if err != nil {
+		return nil, err
+	}
 	l := m.target.Lock(id, m.view.id)
 	defer l.Unlock()
 	var version uint64
 	if req.GetForwarded() {
-		ok, err := s.applyForwarded(m, l, id, req)
+		ok, err := s.applyForwarded(m, l, id, req, pieces)
 		if err != nil || !ok {
 			return &weftv1.WriteChunkResponse{NeedFullChunk: !ok}, err
 		}
@@ -51,7 +55,7 @@ func (s *Server) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 		if len(req.GetData()) > 0 {
 			version++
 		}
-		if err := l.Write(int64(req.GetOffset()), req.GetData(), int64(req.GetChunkSize()), version, req.GetSync()); err != nil {
+		if err := l.WritePieces(pieces, int64(req.GetChunkSize()), version, req.GetSync()); err != nil {
 			return nil, s.headCorrupt(m, id, err)
 		}
 	}
@@ -59,6 +63,45 @@ func (s *Server) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 		return nil, err
 	}
 	return &weftv1.WriteChunkResponse{}, nil
+}
+
+// maxPieces bounds the pieces of one write.
+const maxPieces = 1 << 16
+
+// writePieces returns the pieces a write request carries: its data at its
+// offset, or the pieces it lists (WriteChunkRequest.PieceOffsets), checked
+// to add up to its data.
+func writePieces(req *weftv1.WriteChunkRequest) ([]chunk.Piece, error) {
+	offs, lens, data := req.GetPieceOffsets(), req.GetPieceLengths(), req.GetData()
+	if len(offs) == 0 && len(lens) == 0 {
+		return []chunk.Piece{{Off: int64(req.GetOffset()), Data: data}}, nil
+	}
+	bad := func(format string, args ...any) error {
+		return status.Errorf(codes.InvalidArgument, "write of pieces of chunk %d of file %d: %s",
+			req.GetChunk().GetIndex(), req.GetChunk().GetIno(), fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(offs) != len(lens):
+		return nil, bad("%d offsets but %d lengths", len(offs), len(lens))
+	case len(offs) > maxPieces:
+		return nil, bad("%d pieces, at most %d", len(offs), maxPieces)
+	case req.GetOffset() != weftv1.PiecesOffset:
+		return nil, bad("offset %d, want %d for a write of pieces", req.GetOffset(), uint64(weftv1.PiecesOffset))
+	}
+	pieces := make([]chunk.Piece, len(offs))
+	pos := 0
+	for i, off := range offs {
+		n := int(lens[i])
+		if off > chunk.MaxChunkSize || n > len(data)-pos {
+			return nil, bad("piece %d (%d bytes at %d) lies past the chunk or the data (%d bytes)", i, n, off, len(data))
+		}
+		pieces[i] = chunk.Piece{Off: int64(off), Data: data[pos : pos+n]}
+		pos += n
+	}
+	if pos != len(data) {
+		return nil, bad("pieces hold %d bytes, data %d", pos, len(data))
+	}
+	return pieces, nil
 }
 
 // headCorrupt answers a client write that the head could not apply. If
@@ -75,15 +118,15 @@ func (s *Server) headCorrupt(m member, id chunk.ID, err error) error {
 
 // applyForwarded applies a forwarded write if this copy is exactly the
 // version before it; ok false asks the sender for the whole chunk.
-func (s *Server) applyForwarded(m member, l *chunk.Locked, id chunk.ID, req *weftv1.WriteChunkRequest) (ok bool, err error) {
+func (s *Server) applyForwarded(m member, l *chunk.Locked, id chunk.ID, req *weftv1.WriteChunkRequest, pieces []chunk.Piece) (ok bool, err error) {
 	if len(req.GetData()) == 0 { // sync only
-		return true, l.Write(int64(req.GetOffset()), nil, int64(req.GetChunkSize()), 0, req.GetSync())
+		return true, l.WritePieces(pieces, int64(req.GetChunkSize()), 0, req.GetSync())
 	}
 	info, err := l.Info()
 	if err != nil || req.GetChunkVersion() == 0 || info.Version != req.GetChunkVersion()-1 || !s.verified(m, id) {
 		return false, nil
 	}
-	err = l.Write(int64(req.GetOffset()), req.GetData(), int64(req.GetChunkSize()), req.GetChunkVersion(), req.GetSync())
+	err = l.WritePieces(pieces, int64(req.GetChunkSize()), req.GetChunkVersion(), req.GetSync())
 	if errors.Is(err, chunk.ErrCorrupt) {
 		return false, nil // the whole chunk replaces the damaged copy
 	}
@@ -108,6 +151,7 @@ func (s *Server) forwardWrite(ctx context.Context, m member, l *chunk.Locked, id
 		Chunk: req.GetChunk(), ChainId: m.view.id, ChainVersion: m.view.version,
 		Offset: req.GetOffset(), Data: req.GetData(), Sync: req.GetSync(), ChunkSize: req.GetChunkSize(),
 		Forwarded: true, ChunkVersion: version, TargetId: next.GetTargetId(),
+		PieceOffsets: req.GetPieceOffsets(), PieceLengths: req.GetPieceLengths(),
 	})
 	if err != nil {
 		return s.forwardError(m, next, what, err)

@@ -67,11 +67,29 @@ func (t *Target) info(id ID) (Info, error) {
 // Write writes data at off (as Target.Write) and sets the chunk's version
 // to version. An empty write changes nothing (with sync it syncs the file).
 func (l *Locked) Write(off int64, data []byte, chunkSize int64, version uint64, sync bool) error {
+	return l.WritePieces([]Piece{{Off: off, Data: data}}, chunkSize, version, sync)
+}
+
+// Piece is one range of a write of several pieces of a chunk.
+type Piece struct {
+	Off  int64
+	Data []byte
+}
+
+// WritePieces is Write of several pieces at once, as one write that sets
+// the chunk's version to version: every range is checked before anything
+// is written, the pieces are written in order, and with sync the chunk is
+// synced once, after the last. Pieces without data change nothing.
+func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sync bool) error {
 	t, id := l.t, l.id
-	if err := checkRange(id, off, len(data), chunkSize); err != nil {
-		return fmt.Errorf("write to target %s: %w", t.dir, err)
+	total := 0
+	for _, p := range pieces {
+		if err := checkRange(id, p.Off, len(p.Data), chunkSize); err != nil {
+			return fmt.Errorf("write to target %s: %w", t.dir, err)
+		}
+		total += len(p.Data)
 	}
-	if len(data) == 0 {
+	if total == 0 {
 		if sync {
 			return t.SyncFile(id.Ino)
 		}
@@ -82,8 +100,13 @@ func (l *Locked) Write(off int64, data []byte, chunkSize int64, version uint64, 
 		return err
 	}
 	defer t.store.files.release(f)
-	if err := t.writeLocked(f, id, off, data, version, l.chain); err != nil {
-		return err
+	for _, p := range pieces {
+		if len(p.Data) == 0 {
+			continue
+		}
+		if err := t.writeLocked(f, id, p.Off, p.Data, version, l.chain); err != nil {
+			return err
+		}
 	}
 	if !sync {
 		t.markDirty(id)

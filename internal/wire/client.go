@@ -455,6 +455,25 @@ func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 	}
 	var cl *call
 	data := req.GetData()
+	if len(req.GetPieceOffsets()) > 0 {
+		// The table of pieces goes in front of their bytes.
+		n := piecesTableLen(len(req.GetPieceOffsets())) + len(data)
+		if b := cc.lend(n); b != nil {
+			putPieces(b, req)
+			var m [writeShmMetaLen]byte
+			putWrite(m[:], req)
+			cc.putShm(m[:], b)
+			cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
+			cc.shm.put(b)
+			return writeResponse(cl, err)
+		}
+		data = make([]byte, n)
+		putPieces(data, req)
+		var m [writeMetaLen]byte
+		putWrite(m[:], req)
+		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil)
+		return writeResponse(cl, err)
+	}
 	if cc.shm != nil && len(data) > 0 && cc.shm.lend(data) {
 		// The caller's buffer is in the arena: the server reads it there.
 		var m [writeShmMetaLen]byte
@@ -471,8 +490,13 @@ func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 	} else {
 		var m [writeMetaLen]byte
 		putWrite(m[:], req)
-		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], req.GetData(), nil, nil)
+		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil)
 	}
+	return writeResponse(cl, err)
+}
+
+// writeResponse is the answer to a write call.
+func writeResponse(cl *call, err error) (*weftv1.WriteChunkResponse, error) {
 	if err != nil {
 		return nil, err
 	}

@@ -82,6 +82,7 @@ const (
 const (
 	flagSync      = 1 << 0 // write: fdatasync before answering
 	flagForwarded = 1 << 1 // write, sync: from the previous chain member
+	flagPieces    = 1 << 2 // write: the data starts with a table of pieces (putPieces)
 	flagNeedFull  = 1 << 0 // response to a write: need_full_chunk
 	flagMissing   = 1 << 1 // response to opOpenChunk: the server holds no such chunk
 	flagVerify    = 1 << 0 // opOpenChunk: verify the whole chunk before answering
@@ -158,17 +159,64 @@ func putWrite(b []byte, r *weftv1.WriteChunkRequest) {
 	if r.GetForwarded() {
 		f |= flagForwarded
 	}
+	if len(r.GetPieceOffsets()) > 0 {
+		f |= flagPieces
+	}
 	le.PutUint32(b[60:], f)
 }
 
+// getWrite decodes a write's fields b and data. A write of pieces whose
+// table does not fit its data keeps no pieces and an offset past any
+// chunk: the server refuses it.
 func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 	f := le.Uint32(b[60:])
-	return &weftv1.WriteChunkRequest{
+	r := &weftv1.WriteChunkRequest{
 		Chunk:   &weftv1.ChunkID{Ino: le.Uint64(b[0:]), Index: le.Uint64(b[8:])},
 		ChainId: le.Uint64(b[16:]), ChainVersion: le.Uint64(b[24:]), Offset: le.Uint64(b[32:]),
 		ChunkVersion: le.Uint64(b[40:]), TargetId: le.Uint64(b[48:]), ChunkSize: le.Uint32(b[56:]),
 		Sync: f&flagSync != 0, Forwarded: f&flagForwarded != 0, Data: data,
 	}
+	if f&flagPieces != 0 {
+		r.Offset = weftv1.PiecesOffset
+		r.PieceOffsets, r.PieceLengths, r.Data = getPieces(data)
+	}
+	return r
+}
+
+// A write of pieces (flagPieces) sends its data as a table and the
+// pieces' bytes back to back: a uint32 count n, n uint64 offsets, n
+// uint32 lengths.
+func piecesTableLen(n int) int { return 4 + 12*n }
+
+// putPieces writes r's pieces, table first, into b (of
+// piecesTableLen(n) + len(r.Data) bytes).
+func putPieces(b []byte, r *weftv1.WriteChunkRequest) {
+	offs, lens := r.GetPieceOffsets(), r.GetPieceLengths()
+	n := len(offs)
+	le.PutUint32(b, uint32(n))
+	for i := range n {
+		le.PutUint64(b[4+8*i:], offs[i])
+		le.PutUint32(b[4+8*n+4*i:], lens[i])
+	}
+	copy(b[piecesTableLen(n):], r.GetData())
+}
+
+// getPieces splits data sent by putPieces; on a table that does not fit
+// it returns data as it is and no pieces.
+func getPieces(data []byte) (offs []uint64, lens []uint32, rest []byte) {
+	if len(data) < 4 {
+		return nil, nil, data
+	}
+	n := int(le.Uint32(data))
+	if n > (len(data)-4)/12 {
+		return nil, nil, data
+	}
+	offs, lens = make([]uint64, n), make([]uint32, n)
+	for i := range n {
+		offs[i] = le.Uint64(data[4+8*i:])
+		lens[i] = le.Uint32(data[4+8*n+4*i:])
+	}
+	return offs, lens, data[piecesTableLen(n):]
 }
 
 func putRead(b []byte, r *weftv1.ReadChunkRequest) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -20,9 +21,14 @@ type memHandler struct {
 	mu     sync.Mutex
 	chunks map[uint64][]byte
 	hold   chan struct{} // if set, reads wait for it
+	// onWrite, if set, sees every write request.
+	onWrite func(*weftv1.WriteChunkRequest)
 }
 
 func (h *memHandler) WriteChunk(_ context.Context, r *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
+	if h.onWrite != nil {
+		h.onWrite(r)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.chunks[r.GetChunk().GetIndex()] = bytes.Clone(r.GetData())
@@ -208,5 +214,38 @@ func TestArenaIdleBound(t *testing.T) {
 			t.Fatal("freed buffers not reused")
 		}
 		b[0], b[len(b)-1] = 1, 2
+	}
+}
+
+// A write of pieces arrives with its offsets, lengths and bytes as sent,
+// over TCP (in the frame) and over the Unix socket (in the arena).
+func TestWriteOfPieces(t *testing.T) {
+	var mu sync.Mutex
+	var got *weftv1.WriteChunkRequest
+	h := &memHandler{idHandler: idHandler{id: "pieces", name: "p"}}
+	h.onWrite = func(r *weftv1.WriteChunkRequest) {
+		mu.Lock()
+		got = &weftv1.WriteChunkRequest{Offset: r.GetOffset(), Data: bytes.Clone(r.GetData()),
+			PieceOffsets: r.GetPieceOffsets(), PieceLengths: r.GetPieceLengths()}
+		mu.Unlock()
+	}
+	shm := startShm(t, h)
+	tcp, _ := start(t, h, 1)
+	want := &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{Index: 3}, Offset: weftv1.PiecesOffset,
+		Data: []byte("aaaabbbbbbccc"), PieceOffsets: []uint64{0, 8 << 10, 1<<20 - 3}, PieceLengths: []uint32{4, 6, 3}}
+	for name, c := range map[string]*Client{"unix socket": shm, "tcp": tcp} {
+		if _, err := c.WriteChunk(context.Background(), want); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		mu.Lock()
+		g := got
+		mu.Unlock()
+		if g.GetOffset() != weftv1.PiecesOffset || !bytes.Equal(g.GetData(), want.Data) ||
+			!slices.Equal(g.GetPieceOffsets(), want.PieceOffsets) || !slices.Equal(g.GetPieceLengths(), want.PieceLengths) {
+			t.Fatalf("%s: arrived as offset %d, %q, pieces %v %v", name, g.GetOffset(), g.GetData(), g.GetPieceOffsets(), g.GetPieceLengths())
+		}
+	}
+	if shm.ShmCalls() == 0 {
+		t.Error("the write of pieces over the Unix socket did not go through the arena")
 	}
 }

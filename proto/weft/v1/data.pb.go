@@ -95,7 +95,16 @@ type WriteChunkRequest struct {
 	// The chain member (target) the request is for, set on requests between
 	// members (a server may hold several members of one chain); 0 on client
 	// requests: the head for mutations, a serving member for reads.
-	TargetId      uint64 `protobuf:"varint,10,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	TargetId uint64 `protobuf:"varint,10,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	// A write of several pieces of the chunk at once (a client's scattered
+	// small writes), applied as one write that produces one chunk version:
+	// data holds the pieces back to back, piece i being piece_lengths[i]
+	// bytes at chunk offset piece_offsets[i]. offset must then be 2^62
+	// (weftv1.PiecesOffset), so that a server that does not know pieces
+	// refuses the write (it lies past any chunk) instead of storing it at
+	// one offset.
+	PieceOffsets  []uint64 `protobuf:"varint,11,rep,packed,name=piece_offsets,json=pieceOffsets,proto3" json:"piece_offsets,omitempty"`
+	PieceLengths  []uint32 `protobuf:"varint,12,rep,packed,name=piece_lengths,json=pieceLengths,proto3" json:"piece_lengths,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +207,20 @@ func (x *WriteChunkRequest) GetTargetId() uint64 {
 		return x.TargetId
 	}
 	return 0
+}
+
+func (x *WriteChunkRequest) GetPieceOffsets() []uint64 {
+	if x != nil {
+		return x.PieceOffsets
+	}
+	return nil
+}
+
+func (x *WriteChunkRequest) GetPieceLengths() []uint32 {
+	if x != nil {
+		return x.PieceLengths
+	}
+	return nil
 }
 
 type WriteChunkResponse struct {
@@ -1317,7 +1340,7 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x18proto/weft/v1/data.proto\x12\aweft.v1\"1\n" +
 	"\aChunkID\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\xba\x02\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\x84\x03\n" +
 	"\x11WriteChunkRequest\x12&\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x19\n" +
 	"\bchain_id\x18\x02 \x01(\x04R\achainId\x12#\n" +
@@ -1330,7 +1353,9 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\tforwarded\x18\b \x01(\bR\tforwarded\x12#\n" +
 	"\rchunk_version\x18\t \x01(\x04R\fchunkVersion\x12\x1b\n" +
 	"\ttarget_id\x18\n" +
-	" \x01(\x04R\btargetId\"<\n" +
+	" \x01(\x04R\btargetId\x12#\n" +
+	"\rpiece_offsets\x18\v \x03(\x04R\fpieceOffsets\x12#\n" +
+	"\rpiece_lengths\x18\f \x03(\rR\fpieceLengths\"<\n" +
 	"\x12WriteChunkResponse\x12&\n" +
 	"\x0fneed_full_chunk\x18\x01 \x01(\bR\rneedFullChunk\"\xaa\x01\n" +
 	"\x10ReadChunkRequest\x12&\n" +
