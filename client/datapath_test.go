@@ -411,3 +411,41 @@ func TestScatteredWritesOneRequestPerChunk(t *testing.T) {
 		t.Fatal("the file does not hold the scattered writes")
 	}
 }
+
+// TestScatteredWritesGatherUnderPressure checks that past the background
+// share of the write buffer, scattered small writes are not sent one by
+// one: a chunk goes out once it holds a sixteenth of its size.
+func TestScatteredWritesGatherUnderPressure(t *testing.T) {
+	const cs = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: cs, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c, counts := countingClient(t, tc, Config{WriteBufferBytes: 1 << 20})
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(11, 12))
+	const writes = 200
+	f := create(t, c, "pressure", syscall.O_WRONLY)
+	model := make([]byte, 8*cs)
+	for range writes {
+		off := rnd.IntN(8*cs/(4<<10)) * (4 << 10)
+		p := randomBytes(rnd, 4<<10)
+		copy(model[off:], p)
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := counts.writes.Load(); n > writes/4 {
+		t.Errorf("%d chunk writes for %d scattered 4 KiB writes past a quarter of a 1 MiB buffer, want at most %d", n, writes, writes/4)
+	}
+	g, _ := open(t, newTestClient(t, tc.metaAddr, Config{}), "pressure", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	end := len(model)
+	for end > 0 && model[end-1] == 0 {
+		end--
+	}
+	if got := readAll(t, g, end, 256<<10); !bytes.Equal(got, model[:end]) {
+		t.Fatal("the file does not hold the writes")
+	}
+}

@@ -182,9 +182,14 @@ func (in *inode) sendAll(ctx context.Context, sync bool) error {
 	return waitOps(ctx, ops)
 }
 
-// sendOthers starts sending every buffered chunk but those that file
-// range [off, off+n) touches (a writer is likely to go on writing them),
-// without waiting.
+// backgroundMinShare: a chunk goes out in the background only once it
+// buffers at least this share of its size, so that scattered small writes
+// gather into writes of many pieces instead of going out one by one.
+const backgroundMinShare = 16
+
+// sendOthers starts sending, without waiting, every buffered chunk that
+// holds at least 1/backgroundMinShare of its size, but those that file
+// range [off, off+n) touches (a writer is likely to go on writing them).
 func (in *inode) sendOthers(off, n uint64) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -194,7 +199,7 @@ func (in *inode) sendOthers(off, n uint64) {
 	}
 	first, last := off/cs, (off+max(n, 1)-1)/cs
 	for idx, buf := range in.dirty {
-		if idx >= first && idx <= last {
+		if (idx >= first && idx <= last) || uint64(buf.size) < cs/backgroundMinShare {
 			continue
 		}
 		delete(in.dirty, idx)
