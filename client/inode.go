@@ -89,16 +89,27 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 	}
 	chain := chainFor(layout, idx)
 	var err error
-	if len(buf.extents) == 1 {
-		e := buf.extents[0]
-		err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, sync)
-	} else {
-		// Scattered writes of the chunk go as one write of pieces.
-		for i := 0; i < len(buf.extents) && err == nil; i += maxPiecesPerWrite {
-			group := buf.extents[i:min(i+maxPiecesPerWrite, len(buf.extents))]
-			last := sync && i+len(group) == len(buf.extents)
-			err = in.c.writeChunkPieces(in.c.bg, in.ino, layout, idx, group, last)
+	// Small extents (scattered small writes) go together as writes of
+	// pieces; large ones each as a write of its own, straight from its
+	// buffer. The last request carries sync.
+	var small, large []extent
+	for _, e := range buf.extents {
+		if len(e.data) < minArenaExtent && len(buf.extents) > 1 {
+			small = append(small, e)
+		} else {
+			large = append(large, e)
 		}
+	}
+	for i := 0; i < len(small) && err == nil; i += maxPiecesPerWrite {
+		group := small[i:min(i+maxPiecesPerWrite, len(small))]
+		last := sync && len(large) == 0 && i+len(group) == len(small)
+		err = in.c.writeChunkPieces(in.c.bg, in.ino, layout, idx, group, last)
+	}
+	for i, e := range large {
+		if err != nil {
+			break
+		}
+		err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, sync && i == len(large)-1)
 	}
 	in.mu.Lock()
 	// Readers overlay the bytes of sends still in flight (overlayLocked):
