@@ -47,15 +47,22 @@ type arena struct {
 
 	mu   sync.Mutex
 	next int                                      // bump offset
-	free [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class, pages kept
-	cold [arenaMaxShift - arenaMinShift + 1][]int // free offsets per class, pages dropped
-	hot  int                                      // bytes on the free lists with pages kept
+	free [arenaMaxShift - arenaMinShift + 1][]idleBuf // free buffers per class, pages kept
+	cold [arenaMaxShift - arenaMinShift + 1][]int     // free offsets per class, pages dropped
+	hot  int                                          // bytes of pages kept by the free buffers
 	live map[int]*slot                            // buffers handed out, by offset
+}
+
+// idleBuf is a free buffer whose pages are kept: the first used bytes
+// of it may hold pages.
+type idleBuf struct {
+	off, used int
 }
 
 // slot is a buffer handed out by get.
 type slot struct {
 	class int
+	used  int // bytes that may have been touched (rounded up to pages when freed)
 	lent  int  // requests a server may still be serving from or into it
 	freed bool // given back while lent: free once no longer lent
 }
@@ -110,7 +117,11 @@ func arenaClass(n int) int {
 
 // get returns n bytes of the arena (not zeroed), or nil when it has no
 // room for them.
-func (a *arena) get(n int) []byte {
+func (a *arena) get(n int) []byte { return a.getTouching(n, n) }
+
+// getTouching is get for a caller that will touch only the first touch
+// bytes (to start with: put and lend see how far the buffer grew).
+func (a *arena) getTouching(n, touch int) []byte {
 	c := arenaClass(n)
 	if c < 0 {
 		return nil
@@ -119,10 +130,12 @@ func (a *arena) get(n int) []byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var off int
+	used := touch
 	if l := len(a.free[c]); l > 0 {
-		off = a.free[c][l-1]
+		ib := a.free[c][l-1]
 		a.free[c] = a.free[c][:l-1]
-		a.hot -= size
+		a.hot -= ib.used
+		off, used = ib.off, max(touch, ib.used)
 	} else if l := len(a.cold[c]); l > 0 {
 		off = a.cold[c][l-1]
 		a.cold[c] = a.cold[c][:l-1]
@@ -133,7 +146,7 @@ func (a *arena) get(n int) []byte {
 		}
 		a.next = off + size
 	}
-	a.live[off] = &slot{class: c}
+	a.live[off] = &slot{class: c, used: used}
 	return a.mem[off : off+n : off+size]
 }
 
@@ -147,6 +160,9 @@ func (a *arena) put(b []byte) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.live[int(off)]
+	if s != nil {
+		s.used = max(s.used, len(b))
+	}
 	switch {
 	case s == nil || s.freed:
 		return
@@ -157,23 +173,34 @@ func (a *arena) put(b []byte) {
 	a.freeLocked(int(off), s)
 }
 
+// freeLocked puts a buffer on a free list. Idle pages are counted by the
+// bytes its users may have touched, not its class size: a small write's
+// buffer in a large class keeps few pages, and reusing it costs no page
+// faults (about 2 us per page on a VM), where dropping and touching its
+// pages again would.
 func (a *arena) freeLocked(off int, s *slot) {
 	delete(a.live, off)
 	size := 1 << (s.class + arenaMinShift)
-	if a.hot+size <= maxIdleArena {
-		a.free[s.class] = append(a.free[s.class], off)
-		a.hot += size
+	used := min(size, (s.used+pageSize-1)&^(pageSize-1))
+	if a.hot+used <= maxIdleArena {
+		a.free[s.class] = append(a.free[s.class], idleBuf{off: off, used: used})
+		a.hot += used
 		return
 	}
 	// Enough idle memory is kept: give this buffer's pages back to the
 	// system (the server's mapping sees zeros there, which nobody reads).
-	if err := unix.Madvise(a.mem[off:off+size], unix.MADV_REMOVE); err != nil {
-		a.free[s.class] = append(a.free[s.class], off)
-		a.hot += size
-		return
+	if used > 0 {
+		if err := unix.Madvise(a.mem[off:off+used], unix.MADV_REMOVE); err != nil {
+			a.free[s.class] = append(a.free[s.class], idleBuf{off: off, used: used})
+			a.hot += used
+			return
+		}
 	}
 	a.cold[s.class] = append(a.cold[s.class], off)
 }
+
+// pageSize is the granularity of the pages freeLocked counts and drops.
+const pageSize = 4 << 10
 
 // lend marks buffer b (which starts where a buffer of get starts) as
 // being served by a server: put does not free it until unlend. It reports
@@ -190,6 +217,7 @@ func (a *arena) lend(b []byte) bool {
 		return false
 	}
 	s.lent++
+	s.used = max(s.used, len(b))
 	return true
 }
 
@@ -239,7 +267,7 @@ func GetShared(n int) []byte {
 // take memory only once written. Give it back with PutShared.
 func ReserveShared(n int) []byte {
 	if a, _ := sharedArena(); a != nil {
-		return a.get(n)
+		return a.getTouching(n, 0)
 	}
 	return nil
 }

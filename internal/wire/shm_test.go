@@ -249,3 +249,36 @@ func TestWriteOfPieces(t *testing.T) {
 		t.Error("the write of pieces over the Unix socket did not go through the arena")
 	}
 }
+
+// A reserved buffer keeps, once freed, only the pages it was used up to:
+// many large reservations holding a little data each stay idle within the
+// bound without their pages being dropped.
+func TestArenaIdleCountsUse(t *testing.T) {
+	a, err := newArena(256 << 20)
+	if err != nil {
+		t.Skip("no arena:", err)
+	}
+	var bufs [][]byte
+	for range 128 {
+		b := a.getTouching(1<<20, 0)
+		if b == nil {
+			t.Fatal("arena full")
+		}
+		b = b[:8<<10]
+		for i := range b {
+			b[i] = 7
+		}
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs {
+		a.put(b)
+	}
+	if a.hot != 128*(8<<10) {
+		t.Fatalf("%d idle bytes counted for 128 buffers that used 8 KiB each, want %d", a.hot, 128*(8<<10))
+	}
+	for _, l := range a.cold {
+		if len(l) != 0 {
+			t.Fatalf("%d buffers had their pages dropped, want none", len(l))
+		}
+	}
+}
