@@ -46,11 +46,11 @@ type arena struct {
 	base uintptr
 
 	mu   sync.Mutex
-	next int                                      // bump offset
+	next int                                          // bump offset
 	free [arenaMaxShift - arenaMinShift + 1][]idleBuf // free buffers per class, pages kept
 	cold [arenaMaxShift - arenaMinShift + 1][]int     // free offsets per class, pages dropped
 	hot  int                                          // bytes of pages kept by the free buffers
-	live map[int]*slot                            // buffers handed out, by offset
+	live map[int]*slot                                // buffers handed out, by offset
 }
 
 // idleBuf is a free buffer whose pages are kept: the first used bytes
@@ -62,7 +62,7 @@ type idleBuf struct {
 // slot is a buffer handed out by get.
 type slot struct {
 	class int
-	used  int // bytes that may have been touched (rounded up to pages when freed)
+	used  int  // bytes that may have been touched (rounded up to pages when freed)
 	lent  int  // requests a server may still be serving from or into it
 	freed bool // given back while lent: free once no longer lent
 }
