@@ -16,3 +16,15 @@ func TestWeft(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Mount: true, ChunkSize: chunkSize, StripeCount: 3})
 	Run(t, c.MountDir(), Config{Ops: 2000, MaxFileSize: 4 << 20, Files: 3, ChunkSizeHint: chunkSize})
 }
+
+// TestWeftReplicated runs the exerciser on three-way replicated chains, so
+// that every write, scattered small writes sent as writes of pieces
+// included, is forwarded down a chain.
+func TestWeftReplicated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster and a FUSE mount")
+	}
+	const chunkSize = 256 << 10
+	c := testcluster.Start(t, testcluster.Options{Mount: true, ChunkSize: chunkSize, StripeCount: 2, Replicas: 3})
+	Run(t, c.MountDir(), Config{Ops: 1000, MaxFileSize: 4 << 20, Files: 3, ChunkSizeHint: chunkSize})
+}
