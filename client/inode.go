@@ -546,7 +546,8 @@ func (c *Client) writeChunkPieces(ctx context.Context, ino uint64, l *weftv1.Lay
 		offs[i], lens[i] = e.off, uint32(len(e.data))
 		total += len(e.data)
 	}
-	data := make([]byte, 0, total)
+	data := wire.GetBuffer(total)[:0] // the call copies or sends it before returning
+	defer wire.PutBuffer(data)
 	for _, e := range extents {
 		data = append(data, e.data...)
 	}

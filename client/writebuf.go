@@ -33,15 +33,19 @@ type chunkBuf struct {
 const minArenaExtent = 64 << 10
 
 // newExtent returns a buffer holding p for a new extent at chunk offset
-// off. An extent that starts the chunk, or a large one, takes room up to
-// the chunk's end in the shared arena (a sequential writer grows it in
-// place, and a single extent is sent from there without a copy); a small
-// one elsewhere (a scattered write, sent with others as a write of
-// pieces, which copies anyway) lives on the heap and leaves the arena to
-// them.
+// off, in the shared arena when it has room (a single extent is sent from
+// there without a copy; the arena's idle pages are bounded, where the
+// heap's garbage grows with the collector's percent). An extent that
+// starts the chunk, or a large one, takes room up to the chunk's end, so
+// that a sequential writer grows it in place; a small one elsewhere (a
+// scattered write) takes room for itself only.
 func (b *chunkBuf) newExtent(off uint64, p []byte) []byte {
-	if b.chunkSize > off && b.chunkSize-off >= minArenaExtent && (off == 0 || len(p) >= minArenaExtent) {
-		if buf := wire.ReserveShared(int(b.chunkSize - off)); buf != nil {
+	if b.chunkSize > off {
+		room := b.chunkSize - off
+		if off != 0 && len(p) < minArenaExtent {
+			room = min(room, minArenaExtent)
+		}
+		if buf := wire.ReserveShared(int(room)); buf != nil {
 			buf = buf[:len(p)]
 			copy(buf, p)
 			return buf
