@@ -130,7 +130,7 @@ func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
 // localAhead is how far ahead of a sequential reader chunks are opened
 // in place: far enough that the open (a round trip to the server) is
 // done before the reader gets there, whatever the read-ahead window.
-const localAhead = 4 << 20
+const localAhead = 8 << 20
 
 // openAheadLocked opens in place the chunks of the localAhead bytes from
 // file offset from (a sequential reader's next read) that are not open
