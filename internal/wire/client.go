@@ -447,52 +447,44 @@ func (cc *clientConn) putShm(m []byte, b []byte) {
 	le.PutUint64(m[len(m)-8:], uint64(len(b)))
 }
 
-// WriteChunk sends a chunk write.
+// WriteChunk sends a chunk write. Its bytes cross over the arena when the
+// connection has one: from the caller's buffer if it lies there, else
+// copied into a lent one; otherwise they follow the fields in the frame.
+// A write of pieces sends its table of pieces ahead of their bytes.
 func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
 	cc, err := c.pick(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var cl *call
 	data := req.GetData()
+	n, fill := len(data), func(b []byte) { copy(b, data) }
 	if len(req.GetPieceOffsets()) > 0 {
-		// The table of pieces goes in front of their bytes.
-		n := piecesTableLen(len(req.GetPieceOffsets())) + len(data)
-		if b := cc.lend(n); b != nil {
-			putPieces(b, req)
-			var m [writeShmMetaLen]byte
-			putWrite(m[:], req)
-			cc.putShm(m[:], b)
-			cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
-			cc.shm.put(b)
-			return writeResponse(cl, err)
-		}
-		data = make([]byte, n)
-		putPieces(data, req)
-		var m [writeMetaLen]byte
-		putWrite(m[:], req)
-		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil)
+		n, fill = piecesTableLen(len(req.GetPieceOffsets()))+len(data), func(b []byte) { putPieces(b, req) }
+	} else if cc.shm != nil && n > 0 && cc.shm.lend(data) {
+		return writeResponse(c.writeShm(ctx, cc, req, data))
+	}
+	if b := cc.lend(n); b != nil {
+		fill(b)
+		cl, err := c.writeShm(ctx, cc, req, b)
+		cc.shm.put(b)
 		return writeResponse(cl, err)
 	}
-	if cc.shm != nil && len(data) > 0 && cc.shm.lend(data) {
-		// The caller's buffer is in the arena: the server reads it there.
-		var m [writeShmMetaLen]byte
-		putWrite(m[:], req)
-		cc.putShm(m[:], data)
-		cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, data)
-	} else if b := cc.lend(len(data)); b != nil {
-		copy(b, data)
-		var m [writeShmMetaLen]byte
-		putWrite(m[:], req)
-		cc.putShm(m[:], b)
-		cl, err = c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
-		cc.shm.put(b)
-	} else {
-		var m [writeMetaLen]byte
-		putWrite(m[:], req)
-		cl, err = c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil)
+	if len(req.GetPieceOffsets()) > 0 {
+		data = make([]byte, n)
+		fill(data)
 	}
-	return writeResponse(cl, err)
+	var m [writeMetaLen]byte
+	putWrite(m[:], req)
+	return writeResponse(c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil))
+}
+
+// writeShm sends a write whose bytes are b, a buffer of the arena lent to
+// the server.
+func (c *Client) writeShm(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, b []byte) (*call, error) {
+	var m [writeShmMetaLen]byte
+	putWrite(m[:], req)
+	cc.putShm(m[:], b)
+	return c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
 }
 
 // writeResponse is the answer to a write call.
