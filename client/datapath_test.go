@@ -400,16 +400,7 @@ func TestScatteredWritesOneRequestPerChunk(t *testing.T) {
 	if n := counts.writes.Load(); n != 2 {
 		t.Errorf("%d chunk writes for 40 scattered writes over 2 chunks, want 2", n)
 	}
-	end := len(model)
-	for end > 0 && model[end-1] == 0 {
-		end--
-	}
-	r := newTestClient(t, tc.metaAddr, Config{})
-	g, _ := open(t, r, "scattered", syscall.O_RDONLY)
-	defer g.Release(ctx)
-	if got := readAll(t, g, end, 256<<10); !bytes.Equal(got, model[:end]) {
-		t.Fatal("the file does not hold the scattered writes")
-	}
+	checkHolds(t, tc, "scattered", model)
 }
 
 // TestScatteredWritesGatherUnderPressure checks that past the background
@@ -439,13 +430,20 @@ func TestScatteredWritesGatherUnderPressure(t *testing.T) {
 	if n := counts.writes.Load(); n > writes/4 {
 		t.Errorf("%d chunk writes for %d scattered 4 KiB writes past a quarter of a 1 MiB buffer, want at most %d", n, writes, writes/4)
 	}
-	g, _ := open(t, newTestClient(t, tc.metaAddr, Config{}), "pressure", syscall.O_RDONLY)
-	defer g.Release(ctx)
+	checkHolds(t, tc, "pressure", model)
+}
+
+// checkHolds checks through a new client that file name holds model, up
+// to model's last non-zero byte (the file's length).
+func checkHolds(t *testing.T, tc *testCluster, name string, model []byte) {
+	t.Helper()
 	end := len(model)
 	for end > 0 && model[end-1] == 0 {
 		end--
 	}
+	g, _ := open(t, newTestClient(t, tc.metaAddr, Config{}), name, syscall.O_RDONLY)
+	defer g.Release(context.Background())
 	if got := readAll(t, g, end, 256<<10); !bytes.Equal(got, model[:end]) {
-		t.Fatal("the file does not hold the writes")
+		t.Fatalf("%s does not hold what was written", name)
 	}
 }

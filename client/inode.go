@@ -366,7 +366,7 @@ func (in *inode) truncated(size uint64) {
 // read fills p from file offset off, clipped to the file's size; it
 // returns the number of bytes read (0 at or past the end).
 func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
-	sp, layout, n, ov, err := in.planRead(ctx, len(p), off)
+	sp, layout, n, ov, err := in.planRead(len(p), off)
 	if err != nil || n == 0 {
 		return 0, err
 	}
@@ -377,7 +377,7 @@ func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
 // returns that window's bytes instead of copying them into p, with the
 // function that lets go of them (nil when the data is in p).
 func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, func(), error) {
-	sp, layout, n, ov, err := in.planRead(ctx, len(p), off)
+	sp, layout, n, ov, err := in.planRead(len(p), off)
 	if err != nil || n == 0 {
 		return nil, nil, err
 	}
@@ -412,7 +412,7 @@ const minViewRead = 16 << 10
 // server has acknowledged yet (buffered or in flight), ov holds copies of
 // those bytes per span (nil: none anywhere), to lay over what the servers
 // return: a read never waits for write-back.
-func (in *inode) planRead(ctx context.Context, want int, off uint64) (sp []span, layout *weftv1.Layout, n uint64, ov [][]extent, err error) {
+func (in *inode) planRead(want int, off uint64) (sp []span, layout *weftv1.Layout, n uint64, ov [][]extent, err error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if err := checkLayout(in.ino, in.layout); err != nil {
@@ -521,15 +521,21 @@ func (in *inode) readSpans(ctx context.Context, layout *weftv1.Layout, sp []span
 
 // writeChunk sends one piece of a chunk to the head of its chain.
 func (c *Client) writeChunk(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, data []byte, sync bool) error {
+	return c.sendChunkWrite(ctx, ino, l, idx, fmt.Sprintf("write chunk %d of file %d", idx, ino),
+		&weftv1.WriteChunkRequest{Offset: off, Data: data, Sync: sync})
+}
+
+// sendChunkWrite sends req, a write to chunk idx of file ino with its
+// offset, data and sync set, to the head of the chunk's chain (what names
+// it in errors); the rest of the request is filled in here.
+func (c *Client) sendChunkWrite(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, what string, req *weftv1.WriteChunkRequest) error {
 	chain := chainFor(l, idx)
-	return c.onChain(ctx, chain, fmt.Sprintf("write chunk %d of file %d", idx, ino),
-		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
-			_, err := dc.WriteChunk(ctx, &weftv1.WriteChunkRequest{
-				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
-				Offset: off, Data: data, Sync: sync, ChunkSize: l.ChunkSize,
-			})
-			return err
-		})
+	req.Chunk, req.ChainId, req.ChunkSize = &weftv1.ChunkID{Ino: ino, Index: idx}, chain, l.ChunkSize
+	return c.onChain(ctx, chain, what, func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+		req.ChainVersion = version // attempts run one after another
+		_, err := dc.WriteChunk(ctx, req)
+		return err
+	})
 }
 
 // maxPiecesPerWrite bounds the pieces of one chunk write.
@@ -538,7 +544,6 @@ const maxPiecesPerWrite = 1024
 // writeChunkPieces sends extents of one chunk to the head of its chain as
 // one write of pieces (one RPC, one chunk version).
 func (c *Client) writeChunkPieces(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, extents []extent, sync bool) error {
-	chain := chainFor(l, idx)
 	offs := make([]uint64, len(extents))
 	lens := make([]uint32, len(extents))
 	total := 0
@@ -551,15 +556,8 @@ func (c *Client) writeChunkPieces(ctx context.Context, ino uint64, l *weftv1.Lay
 	for _, e := range extents {
 		data = append(data, e.data...)
 	}
-	return c.onChain(ctx, chain, fmt.Sprintf("write %d pieces of chunk %d of file %d", len(extents), idx, ino),
-		func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
-			_, err := dc.WriteChunk(ctx, &weftv1.WriteChunkRequest{
-				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: version,
-				Offset: weftv1.PiecesOffset, Data: data, Sync: sync, ChunkSize: l.ChunkSize,
-				PieceOffsets: offs, PieceLengths: lens,
-			})
-			return err
-		})
+	return c.sendChunkWrite(ctx, ino, l, idx, fmt.Sprintf("write %d pieces of chunk %d of file %d", len(extents), idx, ino),
+		&weftv1.WriteChunkRequest{Offset: weftv1.PiecesOffset, Data: data, Sync: sync, PieceOffsets: offs, PieceLengths: lens})
 }
 
 // errNotRegular is returned for data operations on a File that is not a
