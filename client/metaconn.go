@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -52,6 +53,8 @@ var idempotent = map[string]bool{
 	"Lookup": true, "GetAttr": true, "Readlink": true, "ReadDir": true, "Access": true, "StatFS": true,
 	"GetXattr": true, "ListXattr": true, "GetLayout": true, "GetChains": true, "Status": true,
 	"OpenSession": true, "RenewSession": true, "CloseSession": true, "GetLock": true,
+	// The mutating calls of a batch carry their own request ids.
+	"Batch": true,
 	// Taking or releasing the same lock again for the same owner leaves
 	// the same locks: a lock request may be resent too.
 	"SetLock": true,
@@ -83,10 +86,13 @@ type metaConn struct {
 	addrs []string
 	conns map[string]*grpc.ClientConn
 	cur   int // index in addrs of the meta server in use
+
+	batch batcher // concurrent namespace calls go together (batch.go)
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
 	m := &metaConn{wait: wait, log: log, conns: make(map[string]*grpc.ClientConn)}
+	m.batch.m = m
 	for _, a := range addrs {
 		if a = strings.TrimSpace(a); a != "" && !slices.Contains(m.addrs, a) {
 			m.addrs = append(m.addrs, a)
@@ -194,8 +200,29 @@ func ready(ctx context.Context, cc *grpc.ClientConn) bool {
 	}
 }
 
-// Invoke implements grpc.ClientConnInterface.
+// several reports whether more than one meta server is known.
+func (m *metaConn) several() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.addrs) > 1
+}
+
+// Invoke implements grpc.ClientConnInterface. Namespace calls made while
+// another is in flight go together in a batch (batch.go).
 func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if name, ok := strings.CutPrefix(method, metaMethod); ok && batchMethods[name] && !m.batch.off.Load() {
+		a, aok := args.(proto.Message)
+		r, rok := reply.(proto.Message)
+		if aok && rok {
+			return m.batch.invoke(ctx, method, name, a, r)
+		}
+	}
+	return m.invokeAlone(ctx, method, args, reply, opts...)
+}
+
+// invokeAlone sends one call (or one batch) to the meta service, failing
+// over between meta servers.
+func (m *metaConn) invokeAlone(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.wait)

@@ -261,7 +261,7 @@ func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateReques
 			return err
 		}
 		if req.Session != "" {
-			if err := x.recordOpen(req.Session, a.Ino, op); err != nil {
+			if err := x.recordNewOpen(req.Session, a.Ino, op); err != nil {
 				return err
 			}
 		}

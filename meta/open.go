@@ -70,6 +70,18 @@ func (x *tx) recordOpen(session string, ino uint64, op string) error {
 	return x.t.Set(sessionOpenKey(session, ino), nil)
 }
 
+// recordNewOpen records the first open of ino, an inode made in this
+// transaction (nothing can have it open yet), by session.
+func (x *tx) recordNewOpen(session string, ino uint64, op string) error {
+	if _, err := x.session(session, op); err != nil {
+		return err
+	}
+	if err := x.t.Set(openKey(ino, session), be64(1)); err != nil {
+		return err
+	}
+	return x.t.Set(sessionOpenKey(session, ino), nil)
+}
+
 // Release drops one open of the inode by the session. The last release of
 // an orphan deletes it. Releasing what is not open is not an error (a
 // release may be retried).

@@ -304,12 +304,18 @@ func (s *Service) update(ctx context.Context, fn func(x *tx) error) error {
 	now := s.now().UnixNano()
 	rec := s.newRecorder()
 	reqID := takeRequestToken(ctx) // a retried request is applied once (ha_requests.go)
-	err := s.eng.Update(ctx, func(t kv.Txn) error {
+	txn := func(t kv.Txn) error {
 		if err := checkRequest(t, reqID); err != nil {
 			return err
 		}
 		return s.recordUpdate(rec, t, func(t kv.Txn) error { return fn(&tx{t: t, now: now}) })
-	})
+	}
+	var err error
+	if g := updateGroupOf(ctx); g != nil {
+		err = g.update(ctx, txn) // a call of a batch (batch.go)
+	} else {
+		err = s.eng.Update(ctx, txn)
+	}
 	if err == nil {
 		s.committed(ctx, rec)
 	}

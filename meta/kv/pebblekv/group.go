@@ -22,6 +22,7 @@ type request struct {
 	ctx  context.Context
 	fn   func(kv.Txn) error
 	done chan error // receives the outcome once
+	idx  int        // position in an UpdateAll
 }
 
 // commitLoop is the committer goroutine: it takes what is queued, commits
@@ -58,23 +59,17 @@ func (e *Engine) commitLoop() {
 	}
 }
 
-// commitGroup runs the group's transactions in order on one indexed batch
-// and commits that batch with one sync. A transaction whose function fails
-// leaves the batch as it was before it: if it had written anything, the
-// batch is rebuilt from the writes of the transactions that succeeded so
-// far. Every request of the group gets its outcome only after the sync.
+// commitGroup runs the group's transactions in order, each seeing the
+// writes of those before it, and commits what the successful ones wrote
+// as one batch with one sync. A transaction whose function fails leaves
+// nothing behind. Every request of the group gets its outcome only after
+// the sync.
 func (e *Engine) commitGroup(group []*request) {
 	results := make([]error, len(group))
-	gb := e.db.NewIndexedBatch()
-	var kept []*pebble.Batch // writes of the successful transactions, in order
-	var keptIdx []int
-	defer func() {
-		for _, b := range kept {
-			b.Close()
-		}
-	}()
+	gw := newGroupWrites()
+	var wrote []int // the transactions that wrote something
 	for i, r := range group {
-		if gb.Len() > maxGroupBytes && len(kept) > 0 {
+		if gw.bytes > maxGroupBytes && len(wrote) > 0 {
 			// Too big already: commit what we have, requeue the rest.
 			e.requeue(group[i:])
 			group, results = group[:i], results[:i]
@@ -84,43 +79,53 @@ func (e *Engine) commitGroup(group []*request) {
 			results[i] = err
 			continue
 		}
-		rec := e.db.NewBatch()
-		err := r.fn(&txn{r: gb, w: gb, rec: rec})
-		if err != nil {
+		if err := r.fn(&txn{gw: gw, e: e}); err != nil {
+			gw.drop()
 			results[i] = err
-			if !rec.Empty() {
-				gb.Close()
-				gb = e.db.NewIndexedBatch()
-				for _, b := range kept {
-					if aerr := gb.Apply(b, nil); aerr != nil {
-						panic(fmt.Sprintf("pebblekv: rebuilding a commit group: %v", aerr))
-					}
-				}
-			}
-			rec.Close()
 			continue
 		}
-		if rec.Empty() {
-			rec.Close()
-			continue
+		if gw.keep() {
+			wrote = append(wrote, i)
 		}
-		kept = append(kept, rec)
-		keptIdx = append(keptIdx, i)
 	}
-	if !gb.Empty() {
-		if err := gb.Commit(pebble.Sync); err != nil {
-			err = fmt.Errorf("commit metadata transaction: %w", err)
-			for _, i := range keptIdx {
+	if len(gw.group) > 0 {
+		if err := e.commitWrites(gw); err != nil {
+			for _, i := range wrote {
 				results[i] = err
 			}
+			e.cache.reset() // what the database holds now is not known
+		} else {
+			for k, w := range gw.group {
+				e.cache.update(k, w.v, w.deleted)
+			}
 		}
 	}
-	gb.Close()
 	e.groups++
 	e.txns += uint64(len(group))
 	for i, r := range group {
 		r.done <- results[i]
 	}
+}
+
+// commitWrites writes a group's final key states in one batch and syncs.
+func (e *Engine) commitWrites(gw *groupWrites) error {
+	b := e.db.NewBatch()
+	defer b.Close()
+	for k, w := range gw.group {
+		var err error
+		if w.deleted {
+			err = b.Delete([]byte(k), nil)
+		} else {
+			err = b.Set([]byte(k), w.v, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("commit metadata transaction: %w", err)
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("commit metadata transaction: %w", err)
+	}
+	return nil
 }
 
 // requeue puts requests back at the head of the queue.

@@ -5359,6 +5359,224 @@ func (x *FsckResponse) GetProblemsNotListed() uint64 {
 	return 0
 }
 
+// BatchRequest carries unary Meta calls that one client made at the same
+// time (from concurrent callers: none waits for another), so that they
+// cost one round trip and, being served together, share the meta
+// service's commit. The service runs them concurrently, each as if it
+// had come alone; a batch orders nothing between its calls.
+type BatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Calls         []*BatchCall           `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchRequest) Reset() {
+	*x = BatchRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchRequest) ProtoMessage() {}
+
+func (x *BatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
+func (*BatchRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *BatchRequest) GetCalls() []*BatchCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+// BatchCall is one call of a batch.
+type BatchCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Meta method's name, e.g. "Create". Only namespace calls that
+	// answer at once may be batched: Lookup, GetAttr, SetAttr, Create,
+	// Mkdir, Unlink, Rmdir, Rename, Link, Symlink, Readlink, Open, Release,
+	// Access, CommitWrite, GetXattr, SetXattr, ListXattr, RemoveXattr.
+	Method string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	// The method's request message, encoded.
+	Request []byte `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// The call's request id (what the weft-request-id metadata carries for
+	// a call sent alone), so a batch resent to another meta server applies
+	// each call once; empty with a single meta server.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCall) Reset() {
+	*x = BatchCall{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCall) ProtoMessage() {}
+
+func (x *BatchCall) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
+func (*BatchCall) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *BatchCall) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *BatchCall) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *BatchCall) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// BatchResponse answers the calls of a batch, in their order.
+type BatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replies       []*BatchReply          `protobuf:"bytes,1,rep,name=replies,proto3" json:"replies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchResponse) Reset() {
+	*x = BatchResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchResponse) ProtoMessage() {}
+
+func (x *BatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
+func (*BatchResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *BatchResponse) GetReplies() []*BatchReply {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
+// BatchReply is one call's outcome: its response message when status is
+// empty, else the error it got (a google.rpc.Status, encoded, with the
+// errno in its details as for a call sent alone).
+type BatchReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Response      []byte                 `protobuf:"bytes,1,opt,name=response,proto3" json:"response,omitempty"`
+	Status        []byte                 `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchReply) Reset() {
+	*x = BatchReply{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchReply) ProtoMessage() {}
+
+func (x *BatchReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
+func (*BatchReply) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *BatchReply) GetResponse() []byte {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *BatchReply) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 var File_proto_weft_v1_meta_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_meta_proto_rawDesc = "" +
@@ -5757,7 +5975,20 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x0echunks_checked\x18\x04 \x01(\x04R\rchunksChecked\x12\x1f\n" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
 	"durationMs\x12.\n" +
-	"\x13problems_not_listed\x18\x06 \x01(\x04R\x11problemsNotListed*\xd3\x01\n" +
+	"\x13problems_not_listed\x18\x06 \x01(\x04R\x11problemsNotListed\"8\n" +
+	"\fBatchRequest\x12(\n" +
+	"\x05calls\x18\x01 \x03(\v2\x12.weft.v1.BatchCallR\x05calls\"\\\n" +
+	"\tBatchCall\x12\x16\n" +
+	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
+	"\arequest\x18\x02 \x01(\fR\arequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\">\n" +
+	"\rBatchResponse\x12-\n" +
+	"\areplies\x18\x01 \x03(\v2\x13.weft.v1.BatchReplyR\areplies\"@\n" +
+	"\n" +
+	"BatchReply\x12\x1a\n" +
+	"\bresponse\x18\x01 \x01(\fR\bresponse\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\fR\x06status*\xd3\x01\n" +
 	"\fSetAttrValid\x12\x10\n" +
 	"\fSETATTR_NONE\x10\x00\x12\x10\n" +
 	"\fSETATTR_MODE\x10\x01\x12\x0f\n" +
@@ -5777,7 +6008,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xb0\x12\n" +
+	"\rXATTR_REPLACE\x10\x022\xe8\x12\n" +
 	"\x04Meta\x127\n" +
 	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
@@ -5801,7 +6032,8 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\tListXattr\x12\x19.weft.v1.ListXattrRequest\x1a\x1a.weft.v1.ListXattrResponse\x12H\n" +
 	"\vRemoveXattr\x12\x1b.weft.v1.RemoveXattrRequest\x1a\x1c.weft.v1.RemoveXattrResponse\x12B\n" +
 	"\tGetLayout\x12\x19.weft.v1.GetLayoutRequest\x1a\x1a.weft.v1.GetLayoutResponse\x12B\n" +
-	"\tSetLayout\x12\x19.weft.v1.SetLayoutRequest\x1a\x1a.weft.v1.SetLayoutResponse\x12H\n" +
+	"\tSetLayout\x12\x19.weft.v1.SetLayoutRequest\x1a\x1a.weft.v1.SetLayoutResponse\x126\n" +
+	"\x05Batch\x12\x15.weft.v1.BatchRequest\x1a\x16.weft.v1.BatchResponse\x12H\n" +
 	"\vOpenSession\x12\x1b.weft.v1.OpenSessionRequest\x1a\x1c.weft.v1.OpenSessionResponse\x12K\n" +
 	"\fRenewSession\x12\x1c.weft.v1.RenewSessionRequest\x1a\x1d.weft.v1.RenewSessionResponse\x12K\n" +
 	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\x12Q\n" +
@@ -5830,7 +6062,7 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(SetAttrValid)(0),              // 0: weft.v1.SetAttrValid
 	(RenameFlags)(0),               // 1: weft.v1.RenameFlags
@@ -5914,6 +6146,10 @@ var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(*FsckRequest)(nil),            // 79: weft.v1.FsckRequest
 	(*FsckProblem)(nil),            // 80: weft.v1.FsckProblem
 	(*FsckResponse)(nil),           // 81: weft.v1.FsckResponse
+	(*BatchRequest)(nil),           // 82: weft.v1.BatchRequest
+	(*BatchCall)(nil),              // 83: weft.v1.BatchCall
+	(*BatchResponse)(nil),          // 84: weft.v1.BatchResponse
+	(*BatchReply)(nil),             // 85: weft.v1.BatchReply
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,  // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
@@ -5961,85 +6197,89 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	3,  // 42: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
 	76, // 43: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
 	80, // 44: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	7,  // 45: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 46: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 47: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 48: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 49: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 50: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 51: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 52: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 53: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 54: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 55: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 56: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 57: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 58: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 59: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 60: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 61: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 62: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 63: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 64: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 65: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 66: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 67: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	45, // 68: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 69: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 70: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	53, // 71: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	55, // 72: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	65, // 73: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	60, // 74: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	62, // 75: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	68, // 76: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	72, // 77: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	72, // 78: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	74, // 79: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	77, // 80: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	79, // 81: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,  // 82: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 83: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 84: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 85: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 86: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 87: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 88: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 89: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 90: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 91: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 92: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 93: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 94: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 95: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 96: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 97: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 98: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 99: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 100: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 101: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 102: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 103: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 104: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	46, // 105: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 106: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 107: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	54, // 108: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	56, // 109: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	59, // 110: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	61, // 111: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	63, // 112: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	69, // 113: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	73, // 114: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	73, // 115: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	75, // 116: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	78, // 117: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	81, // 118: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	82, // [82:119] is the sub-list for method output_type
-	45, // [45:82] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	83, // 45: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	85, // 46: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,  // 47: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,  // 48: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10, // 49: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11, // 50: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13, // 51: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	14, // 52: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	14, // 53: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	16, // 54: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	18, // 55: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	19, // 56: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	20, // 57: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	22, // 58: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	25, // 59: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	26, // 60: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	28, // 61: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	30, // 62: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	31, // 63: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	33, // 64: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	35, // 65: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	37, // 66: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	39, // 67: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	41, // 68: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	43, // 69: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	82, // 70: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	45, // 71: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	47, // 72: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	49, // 73: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	53, // 74: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	55, // 75: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	65, // 76: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	60, // 77: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	62, // 78: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	68, // 79: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	72, // 80: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	72, // 81: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	74, // 82: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	77, // 83: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	79, // 84: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,  // 85: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,  // 86: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,  // 87: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12, // 88: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	8,  // 89: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	15, // 90: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	15, // 91: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	17, // 92: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,  // 93: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,  // 94: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	21, // 95: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	24, // 96: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,  // 97: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	27, // 98: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	29, // 99: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,  // 100: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	32, // 101: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	34, // 102: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	36, // 103: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	38, // 104: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	40, // 105: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	42, // 106: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	44, // 107: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	84, // 108: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	46, // 109: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	48, // 110: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	50, // 111: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	54, // 112: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	56, // 113: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	59, // 114: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	61, // 115: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	63, // 116: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	69, // 117: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	73, // 118: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	73, // 119: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	75, // 120: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	78, // 121: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	81, // 122: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	85, // [85:123] is the sub-list for method output_type
+	47, // [47:85] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -6053,7 +6293,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   79,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

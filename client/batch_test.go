@@ -1,0 +1,139 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/rpc"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// TestConcurrentCallsBatch makes many namespace calls at once: they go to
+// the meta service in batches, and each caller still gets its own answer
+// (attributes, errno), as when sent alone.
+func TestConcurrentCallsBatch(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	dir, err := c.Mkdir(ctx, root, 1, "d", 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers = 32
+	for round := 0; c.conn.batch.batches.Load() == 0; round++ {
+		if round == 20 {
+			t.Fatal("32 concurrent callers never made a batch")
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make(chan error, 4*workers)
+		wins := atomic.Int64{}
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				name := fmt.Sprintf("f%d.%d", round, w)
+				f, a, err := c.Create(ctx, root, dir.Ino, name, 0o644, syscall.O_RDWR, true)
+				if err != nil {
+					errs <- fmt.Errorf("create %s: %w", name, err)
+					return
+				}
+				if got, err := c.Lookup(ctx, root, dir.Ino, name); err != nil || got.Ino != a.Ino {
+					errs <- fmt.Errorf("lookup %s: %v, %v; created ino %d", name, got, err, a.Ino)
+				}
+				if err := f.Release(ctx); err != nil {
+					errs <- err
+				}
+				// Pairs race for one name: one wins, the other gets EEXIST.
+				shared := fmt.Sprintf("s%d.%d", round, w/2)
+				if f, _, err := c.Create(ctx, root, dir.Ino, shared, 0o644, syscall.O_RDWR, true); err == nil {
+					wins.Add(1)
+					_ = f.Release(ctx)
+				} else if !errors.Is(err, syscall.EEXIST) {
+					errs <- fmt.Errorf("racing create of %s: %w, want EEXIST", shared, err)
+				}
+				if _, err := c.Lookup(ctx, root, dir.Ino, name+".missing"); !errors.Is(err, syscall.ENOENT) {
+					errs <- fmt.Errorf("lookup of a missing name: %v, want ENOENT", err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if wins.Load() != workers/2 {
+			t.Fatalf("%d racing creates won, want %d", wins.Load(), workers/2)
+		}
+	}
+	t.Logf("%d calls went in %d batches", c.conn.batch.batched.Load(), c.conn.batch.batches.Load())
+}
+
+// oldMeta is a meta service from before batches: it answers GetAttr and
+// knows no Batch.
+type oldMeta struct {
+	weftv1.UnimplementedMetaServer
+	getattrs atomic.Int64
+}
+
+func (m *oldMeta) GetAttr(_ context.Context, req *weftv1.GetAttrRequest) (*weftv1.AttrResponse, error) {
+	m.getattrs.Add(1)
+	time.Sleep(time.Millisecond) // so that callers pile up behind one another
+	if req.Ino == 0 {
+		return nil, fserr.ToStatus(fmt.Errorf("getattr of inode 0: %w", syscall.ENOENT))
+	}
+	return &weftv1.AttrResponse{Attr: &weftv1.Attr{Ino: req.Ino}}, nil
+}
+
+// TestBatchesFallBackAlone checks that a client talking to a meta service
+// without Batch sends its calls alone, with every answer intact.
+func TestBatchesFallBackAlone(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := rpc.NewServer()
+	old := &oldMeta{}
+	weftv1.RegisterMetaServer(srv, old)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	m, err := newMetaConn([]string{lis.Addr().String()}, 5*time.Second, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.close() })
+	mc := weftv1.NewMetaClient(m)
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ino := uint64(i % 10) // inode 0 fails
+			r, err := mc.GetAttr(context.Background(), &weftv1.GetAttrRequest{Ino: ino})
+			switch {
+			case ino == 0 && !errors.Is(err, syscall.ENOENT):
+				t.Errorf("getattr of inode 0: %v, want ENOENT", err)
+			case ino != 0 && (err != nil || r.Attr.Ino != ino):
+				t.Errorf("getattr of inode %d: %v, %v", ino, r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if !m.batch.off.Load() {
+		t.Error("the client did not notice that the meta service has no Batch")
+	}
+	if got := old.getattrs.Load(); got != 40 {
+		t.Errorf("the meta service answered %d getattrs, want 40", got)
+	}
+}

@@ -1,0 +1,119 @@
+package meta
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// batchCall encodes a call for a batch.
+func batchCall(t *testing.T, method string, req proto.Message) *weftv1.BatchCall {
+	t.Helper()
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &weftv1.BatchCall{Method: method, Request: b}
+}
+
+// batchOutcome decodes a reply into resp, or returns its error as a call
+// sent alone would have got it.
+func batchOutcome(t *testing.T, r *weftv1.BatchReply, resp proto.Message) error {
+	t.Helper()
+	if len(r.Status) == 0 {
+		if err := proto.Unmarshal(r.Response, resp); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	var st spb.Status
+	if err := proto.Unmarshal(r.Status, &st); err != nil {
+		t.Fatal(err)
+	}
+	return fserr.FromStatus(status.FromProto(&st).Err())
+}
+
+// TestBatch runs calls of several kinds in one batch: each gets what it
+// would have got alone (results, errnos), two exclusive creates of one
+// name race as they would alone (one wins), and calls that may not be
+// batched or do not decode fail on their own without harming the rest.
+func TestBatch(t *testing.T) {
+	e := newEnv(t)
+	d := e.mkdir(root, rootIno, "d", 0o755)
+	e.create(root, d.Ino, "old", 0o644)
+	so, err := e.s.OpenSession(e.ctx, &weftv1.OpenSessionRequest{Host: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := so.Session
+	req := &weftv1.BatchRequest{Calls: []*weftv1.BatchCall{
+		batchCall(t, "Create", &weftv1.CreateRequest{Caller: root, Parent: d.Ino, Name: "x", Mode: 0o644, Exclusive: true, Session: sess}),
+		batchCall(t, "Create", &weftv1.CreateRequest{Caller: root, Parent: d.Ino, Name: "x", Mode: 0o644, Exclusive: true, Session: sess}),
+		batchCall(t, "Lookup", &weftv1.LookupRequest{Caller: root, Parent: d.Ino, Name: "missing"}),
+		batchCall(t, "Mkdir", &weftv1.MkdirRequest{Caller: root, Parent: d.Ino, Name: "sub", Mode: 0o755}),
+		batchCall(t, "Unlink", &weftv1.RemoveRequest{Caller: carol, Parent: d.Ino, Name: "old"}),
+		batchCall(t, "Heartbeat", &weftv1.HeartbeatRequest{}),
+		{Method: "Create", Request: []byte{0xff, 0xff, 0xff}},
+		batchCall(t, "GetAttr", &weftv1.GetAttrRequest{Ino: d.Ino}),
+	}}
+	resp, err := e.s.Batch(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Replies) != len(req.Calls) {
+		t.Fatalf("%d replies to %d calls", len(resp.Replies), len(req.Calls))
+	}
+	var c1, c2 weftv1.CreateResponse
+	e1, e2 := batchOutcome(t, resp.Replies[0], &c1), batchOutcome(t, resp.Replies[1], &c2)
+	if (e1 == nil) == (e2 == nil) {
+		t.Fatalf("two exclusive creates of one name: errors %v and %v, want exactly one EEXIST", e1, e2)
+	}
+	if err := errors.Join(e1, e2); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("losing exclusive create: %v, want EEXIST", err)
+	}
+	won := c1.Attr
+	if e1 != nil {
+		won = c2.Attr
+	}
+	if a, err := e.lookup(root, d.Ino, "x"); err != nil || a.Ino != won.Ino || !c1.Created && !c2.Created {
+		t.Errorf("lookup of the created file: %v, %v; the batch said ino %d", a, err, won.GetIno())
+	}
+	if err := batchOutcome(t, resp.Replies[2], new(weftv1.AttrResponse)); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("batched lookup of a missing name: %v, want ENOENT", err)
+	}
+	var mk weftv1.AttrResponse
+	if err := batchOutcome(t, resp.Replies[3], &mk); err != nil || mk.Attr.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		t.Errorf("batched mkdir: %v, %v", mk.Attr, err)
+	}
+	if err := batchOutcome(t, resp.Replies[4], new(weftv1.RemoveResponse)); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("batched unlink by another user: %v, want EACCES", err)
+	}
+	for i := 5; i <= 6; i++ {
+		err := batchOutcome(t, resp.Replies[i], new(weftv1.HeartbeatResponse))
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("call %d (%s): %v, want InvalidArgument", i, req.Calls[i].Method, err)
+		}
+	}
+	var ga weftv1.AttrResponse
+	// The calls of a batch run concurrently: the getattr sees the
+	// directory before or after the mkdir.
+	if err := batchOutcome(t, resp.Replies[7], &ga); err != nil || ga.Attr.Ino != d.Ino || ga.Attr.Nlink != 2 && ga.Attr.Nlink != 3 {
+		t.Errorf("batched getattr of the directory: %v, %v", ga.Attr, err)
+	}
+
+	big := &weftv1.BatchRequest{}
+	for range maxBatchCalls + 1 {
+		big.Calls = append(big.Calls, batchCall(t, "GetAttr", &weftv1.GetAttrRequest{Ino: rootIno}))
+	}
+	if _, err := e.s.Batch(e.ctx, big); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("batch of %d calls: %v, want InvalidArgument", len(big.Calls), err)
+	}
+}
