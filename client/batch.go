@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -51,9 +53,12 @@ type batcher struct {
 	mu       sync.Mutex
 	inFlight int           // calls or batches sent and not answered
 	queue    []*queuedCall // calls waiting for the next batch
-	off      atomic.Bool   // the meta service does not know Batch: send alone
-	batches  atomic.Uint64 // batches of several calls sent
-	batched  atomic.Uint64 // calls sent in them
+
+	off       atomic.Bool                 // the meta service does not know Batch: send alone
+	lean      atomic.Pointer[wire.Client] // the meta server's lean path, if it has one
+	batches   atomic.Uint64               // batches of several calls sent
+	batched   atomic.Uint64               // calls sent in them
+	leanCalls atomic.Uint64               // batches (of one call or more) sent on the lean path
 }
 
 // queuedCall is a call waiting to go in a batch.
@@ -64,20 +69,40 @@ type queuedCall struct {
 	args   proto.Message
 	reply  proto.Message
 	done   chan error // gets the outcome once
+
+	background bool // nobody waits for it (see backgroundKey)
+}
+
+// backgroundKey marks the context of a call nobody waits for (the
+// release of closed files): sent alone, it does not take the in-flight
+// slot, so a waiting caller's call that comes meanwhile goes at once
+// instead of waiting behind it; while the slot is taken it goes in the
+// next batch like any call.
+type backgroundKey struct{}
+
+// withBackground marks ctx as the context of a background call.
+func withBackground(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
 }
 
 // invoke sends a call of a batchable method: alone now if nothing is in
-// flight, else in the next batch.
+// flight (or nobody waits for it), else in the next batch.
 func (b *batcher) invoke(ctx context.Context, method, name string, args, reply proto.Message) error {
+	background := ctx.Value(backgroundKey{}) != nil
 	b.mu.Lock()
-	if b.inFlight < maxBatchesInFlight {
+	switch {
+	case background && (b.inFlight < maxBatchesInFlight || len(b.queue) == 0):
+		// No batch to join: at once, without the slot.
+		b.mu.Unlock()
+		return b.sendNow(ctx, method, name, args, reply)
+	case !background && b.inFlight < maxBatchesInFlight:
 		b.inFlight++
 		b.mu.Unlock()
-		err := b.m.invokeAlone(ctx, method, args, reply)
+		err := b.sendNow(ctx, method, name, args, reply)
 		b.finished()
 		return err
 	}
-	q := &queuedCall{ctx: ctx, method: method, name: name, args: args, reply: reply, done: make(chan error, 1)}
+	q := &queuedCall{ctx: ctx, method: method, name: name, args: args, reply: reply, done: make(chan error, 1), background: background}
 	b.queue = append(b.queue, q)
 	b.mu.Unlock()
 	select {
@@ -91,7 +116,17 @@ func (b *batcher) invoke(ctx context.Context, method, name string, args, reply p
 	}
 }
 
-// finished frees an in-flight slot and sends what queued meanwhile.
+// sendNow sends one call alone: on the lean path as a batch of one if
+// the meta server has one, else over gRPC.
+func (b *batcher) sendNow(ctx context.Context, method, name string, args, reply proto.Message) error {
+	if w := b.lean.Load(); w != nil {
+		return b.sendLean(w, []*queuedCall{{ctx: ctx, method: method, name: name, args: args, reply: reply}}, true)
+	}
+	return b.m.invokeAlone(ctx, method, args, reply)
+}
+
+// finished frees an in-flight slot and sends what queued meanwhile: with
+// the slot if a caller waits in it, else (background calls only) without.
 func (b *batcher) finished() {
 	b.mu.Lock()
 	if len(b.queue) == 0 {
@@ -105,12 +140,21 @@ func (b *batcher) finished() {
 	if len(b.queue) == 0 {
 		b.queue = nil
 	}
+	waited := false
+	for _, q := range calls {
+		waited = waited || !q.background
+	}
+	if !waited {
+		b.inFlight--
+	}
 	b.mu.Unlock()
 	// The slot passes to the batch; its sender is not one of its callers,
 	// each of which returns as soon as its own answer is in.
 	go func() {
 		b.send(calls)
-		b.finished()
+		if waited {
+			b.finished()
+		}
 	}()
 }
 
@@ -131,26 +175,11 @@ func (b *batcher) send(calls []*queuedCall) {
 		b.sendAlone(live)
 		return
 	}
-	multi := b.m.several()
-	req := &weftv1.BatchRequest{Calls: make([]*weftv1.BatchCall, len(live))}
-	deadline := time.Now().Add(b.m.wait)
-	for i, q := range live {
-		body, err := proto.Marshal(q.args)
-		if err != nil {
-			// Cannot happen for generated messages; fail the call alone.
-			q.done <- err
-			live[i] = nil
-			continue
-		}
-		req.Calls[i] = &weftv1.BatchCall{Method: q.name, Request: body}
-		if multi && mutating[q.name] {
-			req.Calls[i].RequestId = newRequestID()
-		}
-		if d, ok := q.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
-		}
+	if w := b.lean.Load(); w != nil {
+		b.sendLean(w, live, false)
+		return
 	}
-	live, req.Calls = compact(live, req.Calls)
+	req, live, deadline := b.request(live)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	resp := new(weftv1.BatchResponse)
@@ -161,20 +190,108 @@ func (b *batcher) send(calls []*queuedCall) {
 		b.sendAlone(live)
 		return
 	}
-	if err == nil && len(resp.Replies) != len(live) {
-		err = status.Errorf(codes.Internal, "meta service answered %d calls of a batch of %d", len(resp.Replies), len(live))
+	b.deliver(live, resp, err)
+}
+
+// request encodes calls as a batch and returns it with the calls that
+// went in (those that could not be encoded have their answer) and the
+// latest of their deadlines.
+func (b *batcher) request(calls []*queuedCall) (*weftv1.BatchRequest, []*queuedCall, time.Time) {
+	multi := b.m.several()
+	req := &weftv1.BatchRequest{Calls: make([]*weftv1.BatchCall, 0, len(calls))}
+	live := calls[:0:0]
+	deadline := time.Now().Add(b.m.wait)
+	for _, q := range calls {
+		body, err := proto.Marshal(q.args)
+		if err != nil {
+			// Cannot happen for generated messages; fail the call alone.
+			q.done <- err
+			continue
+		}
+		call := &weftv1.BatchCall{Method: q.name, Request: body}
+		if multi && mutating[q.name] {
+			call.RequestId = newRequestID()
+		}
+		req.Calls = append(req.Calls, call)
+		live = append(live, q)
+		if d, ok := q.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+	}
+	return req, live, deadline
+}
+
+// deliver hands each call its answer from resp, or err to all of them.
+func (b *batcher) deliver(calls []*queuedCall, resp *weftv1.BatchResponse, err error) {
+	if err == nil && len(resp.Replies) != len(calls) {
+		err = status.Errorf(codes.Internal, "meta service answered %d calls of a batch of %d", len(resp.Replies), len(calls))
 	}
 	if err != nil {
-		for _, q := range live {
+		for _, q := range calls {
 			q.done <- err
 		}
 		return
 	}
-	b.batches.Add(1)
-	b.batched.Add(uint64(len(live)))
-	for i, q := range live {
+	if len(calls) > 1 {
+		b.batches.Add(1)
+		b.batched.Add(uint64(len(calls)))
+	}
+	for i, q := range calls {
 		q.done <- b.outcome(q, resp.Replies[i])
 	}
+}
+
+// sendLean sends calls as one batch over the meta server's lean path.
+// What never reached the server goes over gRPC instead, and so does a
+// batch cut off in flight when there are several meta servers (its calls
+// carry request ids, so none is applied twice); then the lean path rests
+// until the next session answer names it again. With wait, the single
+// call's outcome is returned instead of sent to its done channel (which
+// it does not have).
+func (b *batcher) sendLean(w *wire.Client, calls []*queuedCall, wait bool) error {
+	if wait {
+		calls[0].done = make(chan error, 1)
+	}
+	req, live, deadline := b.request(calls)
+	if len(live) > 0 {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		resp, err := w.Batch(ctx, req)
+		cancel()
+		b.leanCalls.Add(1)
+		if err != nil && (errors.Is(err, wire.ErrNotSent) || status.Code(err) == codes.Unavailable && b.m.several()) {
+			if b.lean.CompareAndSwap(w, nil) {
+				b.m.log.Warn("the meta server's lean path failed; namespace calls go over gRPC until it is named again",
+					"wire", w.Addr(), "err", err)
+				w.Close()
+			}
+			b.sendGRPC(live)
+		} else {
+			b.deliver(live, resp, err)
+		}
+	}
+	if wait {
+		return <-calls[0].done
+	}
+	return nil
+}
+
+// sendGRPC sends calls over gRPC: one alone, several as a Batch.
+func (b *batcher) sendGRPC(calls []*queuedCall) {
+	if len(calls) == 1 || b.off.Load() {
+		b.sendAlone(calls)
+		return
+	}
+	req, live, deadline := b.request(calls)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	resp := new(weftv1.BatchResponse)
+	err := b.m.invokeAlone(ctx, metaMethod+"Batch", req, resp)
+	if status.Code(err) == codes.Unimplemented {
+		b.off.Store(true)
+		b.sendAlone(live)
+		return
+	}
+	b.deliver(live, resp, err)
 }
 
 // sendAlone sends each call on its own, concurrently.
@@ -206,16 +323,4 @@ func (b *batcher) outcome(q *queuedCall, r *weftv1.BatchReply) error {
 		return b.m.readBack(q.ctx, q.name, q.args, q.reply)
 	}
 	return fserr.FromStatus(err)
-}
-
-// compact drops the calls that failed before being sent (nil in live).
-func compact(live []*queuedCall, calls []*weftv1.BatchCall) ([]*queuedCall, []*weftv1.BatchCall) {
-	var l []*queuedCall
-	var c []*weftv1.BatchCall
-	for i, q := range live {
-		if q != nil {
-			l, c = append(l, q), append(c, calls[i])
-		}
-	}
-	return l, c
 }

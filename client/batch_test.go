@@ -78,6 +78,57 @@ func TestConcurrentCallsBatch(t *testing.T) {
 		}
 	}
 	t.Logf("%d calls went in %d batches", c.conn.batch.batched.Load(), c.conn.batch.batches.Load())
+	if c.conn.batch.lean.Load() == nil || c.conn.batch.leanCalls.Load() == 0 {
+		t.Error("the meta service's lean path was not used")
+	}
+}
+
+// TestLeanPathFallsBack: with the meta server's lean path gone (its
+// listener closed), namespace calls go over gRPC and still succeed, and
+// the client stops using the lean path until a session answer names it
+// again.
+func TestLeanPathFallsBack(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	w := c.conn.batch.lean.Load()
+	if w == nil {
+		t.Fatal("the session answer named no lean path")
+	}
+	if _, err := c.Mkdir(ctx, root, 1, "before", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sent := c.conn.batch.leanCalls.Load()
+	if sent == 0 {
+		t.Fatal("mkdir did not go over the lean path")
+	}
+	// A lean path nobody serves: connections to it fail before sending.
+	c.conn.learnWire(deadAddress(t))
+	for i := range 5 {
+		if _, err := c.Mkdir(ctx, root, 1, fmt.Sprintf("after%d", i), 0o755); err != nil {
+			t.Fatalf("mkdir with the lean path down: %v", err)
+		}
+	}
+	if c.conn.batch.lean.Load() != nil {
+		t.Error("the client kept a lean path that does not answer")
+	}
+	for i := range 5 {
+		if _, err := c.Lookup(ctx, root, 1, fmt.Sprintf("after%d", i)); err != nil {
+			t.Errorf("lookup after the fall-back: %v", err)
+		}
+	}
+}
+
+// deadAddress is a loopback address nobody listens at.
+func deadAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
 
 // oldMeta is a meta service from before batches: it answers GetAttr and

@@ -229,6 +229,7 @@ func (c *Client) openSession(ctx context.Context) error {
 	c.session, c.lease = resp.Session, lease
 	c.conn.learn(resp.MetaAddresses)
 	c.sessionMu.Unlock()
+	c.conn.learnWire(resp.WireAddress)
 	return nil
 }
 
@@ -251,6 +252,9 @@ func (c *Client) renewLoop() {
 		resp, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess})
 		cancel()
 		c.conn.learn(resp.GetMetaAddresses())
+		if err == nil {
+			c.conn.learnWire(resp.WireAddress)
+		}
 		if err == nil || c.bg.Err() != nil {
 			continue
 		}

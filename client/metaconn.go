@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -157,6 +159,32 @@ func (m *metaConn) learn(addrs []string) {
 	}
 }
 
+// learnWire takes the lean path address a session answer named (""
+// none): namespace calls go there from now on (batch.go). The lean path
+// is not used when WEFT_META_WIRE=off is in the environment.
+func (m *metaConn) learnWire(addr string) {
+	if addr == "" || leanMetaOff {
+		if old := m.batch.lean.Swap(nil); old != nil {
+			old.Close()
+		}
+		return
+	}
+	if old := m.batch.lean.Load(); old != nil && old.Addr() == addr {
+		return
+	}
+	if old := m.batch.lean.Swap(wire.NewMetaClient(addr)); old != nil {
+		// Batches may still be on their way over it.
+		time.AfterFunc(leanRetire, func() { old.Close() })
+	}
+}
+
+// leanRetire is how long a lean path client replaced by another stays
+// open for the batches sent over it.
+const leanRetire = time.Minute
+
+// leanMetaOff is WEFT_META_WIRE=off: namespace calls over gRPC only.
+var leanMetaOff = os.Getenv("WEFT_META_WIRE") == "off"
+
 // addresses lists the known meta servers.
 func (m *metaConn) addresses() []string {
 	m.mu.Lock()
@@ -165,6 +193,9 @@ func (m *metaConn) addresses() []string {
 }
 
 func (m *metaConn) close() error {
+	if w := m.batch.lean.Swap(nil); w != nil {
+		w.Close()
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var first error

@@ -139,7 +139,7 @@ func (c *Client) releaseWithRetry(req *weftv1.ReleaseRequest) {
 	deadline := time.Now().Add(releaseRetryFor)
 	backoff := 50 * time.Millisecond
 	for {
-		ctx, cancel := context.WithDeadline(c.rel.ctx, deadline)
+		ctx, cancel := context.WithDeadline(withBackground(c.rel.ctx), deadline)
 		err := c.sendRelease(ctx, req)
 		cancel()
 		if err == nil {

@@ -115,7 +115,7 @@ func (s *Service) OpenSession(ctx context.Context, req *weftv1.OpenSessionReques
 		return nil, fmt.Errorf("open session for %s:%s: %w", req.Host, req.MountPoint, err)
 	}
 	s.log.Info("session opened", "session", id, "host", req.Host, "mount", req.MountPoint)
-	return &weftv1.OpenSessionResponse{Session: id, LeaseMs: s.cfg.SessionLease.Milliseconds()}, nil
+	return &weftv1.OpenSessionResponse{Session: id, LeaseMs: s.cfg.SessionLease.Milliseconds(), WireAddress: s.wireAddress()}, nil
 }
 
 // RenewSession extends a session's lease; ESTALE if it already expired.
@@ -131,7 +131,7 @@ func (s *Service) RenewSession(ctx context.Context, req *weftv1.RenewSessionRequ
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.RenewSessionResponse{}, nil
+	return &weftv1.RenewSessionResponse{WireAddress: s.wireAddress()}, nil
 }
 
 // CloseSession ends a session: its opens are dropped (deleting orphans

@@ -81,7 +81,7 @@ type Identified interface {
 // dialUnix connects to the Unix socket of a, checks that the server
 // there has a's identity (errNotThisServer if not) and offers it the
 // shared arena.
-func dialUnix(ctx context.Context, a Addr) (*clientConn, error) {
+func dialUnix(ctx context.Context, peer string, a Addr) (*clientConn, error) {
 	nc, err := dialUnixChecked(ctx, a)
 	if err != nil {
 		return nil, err
@@ -92,7 +92,7 @@ func dialUnix(ctx context.Context, a Addr) (*clientConn, error) {
 		return nil, fmt.Errorf("offer the shared arena: %w", err)
 	}
 	nc.SetDeadline(time.Time{})
-	cc := newClientConn(a.Unix, nc)
+	cc := newClientConn(peer, a.Unix, nc)
 	cc.shm = shm
 	return cc, nil
 }
@@ -193,7 +193,7 @@ func attachArena(nc net.Conn) (*arena, error) {
 // has one on this host that answers with its identity, else over TCP.
 func (c *Client) dialAddr(ctx context.Context) (*clientConn, error) {
 	if c.a.Unix != "" && !c.unixOff.Load() {
-		cc, err := dialUnix(ctx, c.a)
+		cc, err := dialUnix(ctx, c.peer, c.a)
 		if err == nil {
 			c.unixConns.Add(1)
 			return cc, nil
@@ -203,7 +203,7 @@ func (c *Client) dialAddr(ctx context.Context) (*clientConn, error) {
 			c.unixOff.Store(true)
 		}
 	}
-	return dial(ctx, c.a.TCP)
+	return dial(ctx, c.peer, c.a.TCP)
 }
 
 // UnixConns is the number of connections made through the server's Unix

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -30,6 +31,7 @@ const dialTimeout = 2 * time.Second
 // carrying many requests at once. Connections are made on first use and
 // again after one breaks. Its methods may be called concurrently.
 type Client struct {
+	peer      string // what the server is, for messages: "data server", "meta server"
 	addr      string
 	a         Addr
 	next      atomic.Uint32
@@ -52,7 +54,16 @@ func NewClient(addr string, conns int) *Client {
 	if conns <= 0 {
 		conns = DefaultConns
 	}
-	return &Client{addr: addr, a: ParseAddr(addr), slots: make([]*clientConn, conns), dialMu: make([]sync.Mutex, conns)}
+	return &Client{peer: "data server", addr: addr, a: ParseAddr(addr), slots: make([]*clientConn, conns), dialMu: make([]sync.Mutex, conns)}
+}
+
+// NewMetaClient returns a client of the meta server whose lean path
+// listens on addr (the text form of an Addr): batches of namespace calls
+// (Batch), over one connection.
+func NewMetaClient(addr string) *Client {
+	c := NewClient(addr, 1)
+	c.peer = "meta server"
+	return c
 }
 
 // Addr is the server address as given to NewClient.
@@ -88,7 +99,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	cc, closed := c.slots[i], c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.a.TCP)
+		return nil, status.Errorf(codes.Unavailable, "lean path to %s %s: client closed", c.peer, c.a.TCP)
 	}
 	if cc != nil && !cc.broken() {
 		return cc, nil
@@ -109,7 +120,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 	if c.closed {
 		c.mu.Unlock()
 		cc.fail(errors.New("client closed"))
-		return nil, status.Errorf(codes.Unavailable, "lean data path to %s: client closed", c.a.TCP)
+		return nil, status.Errorf(codes.Unavailable, "lean path to %s %s: client closed", c.peer, c.a.TCP)
 	}
 	c.slots[i] = cc
 	c.mu.Unlock()
@@ -118,6 +129,7 @@ func (c *Client) conn(ctx context.Context) (*clientConn, error) {
 
 // clientConn is one connection and the requests waiting on it.
 type clientConn struct {
+	peer string
 	addr string
 	nc   net.Conn
 	br   *bufio.Reader
@@ -146,13 +158,13 @@ type call struct {
 	lent               []byte // arena buffer the server reads or fills; see doOn
 }
 
-func dial(ctx context.Context, addr string) (*clientConn, error) {
+func dial(ctx context.Context, peer, addr string) (*clientConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "connect to data server %s (lean data path): %v", addr, err)
+		return nil, status.Errorf(codes.Unavailable, "connect to %s %s (lean path): %v", peer, addr, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
@@ -171,16 +183,16 @@ func dial(ctx context.Context, addr string) (*clientConn, error) {
 	}
 	if err != nil {
 		nc.Close()
-		return nil, status.Errorf(codes.Unavailable, "connect to data server %s (lean data path): %v", addr, err)
+		return nil, status.Errorf(codes.Unavailable, "connect to %s %s (lean path): %v", peer, addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	return newClientConn(addr, nc), nil
+	return newClientConn(peer, addr, nc), nil
 }
 
 // newClientConn starts receiving answers on nc, connected and past the
 // preface.
-func newClientConn(addr string, nc net.Conn) *clientConn {
-	cc := &clientConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), pending: make(map[uint64]*call)}
+func newClientConn(peer, addr string, nc net.Conn) *clientConn {
+	cc := &clientConn{peer: peer, addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10), pending: make(map[uint64]*call)}
 	go cc.readLoop()
 	return cc
 }
@@ -208,7 +220,7 @@ func (cc *clientConn) fail(err error) {
 }
 
 func (cc *clientConn) connError(err error) error {
-	return status.Errorf(codes.Unavailable, "connection to data server %s (lean data path) broke: %v", cc.addr, err)
+	return status.Errorf(codes.Unavailable, "connection to %s %s (lean path) broke: %v", cc.peer, cc.addr, err)
 }
 
 // readLoop receives answers until the connection breaks.
@@ -294,8 +306,26 @@ func (c *Client) pick(ctx context.Context) (*clientConn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	return c.conn(ctx)
+	cc, err := c.conn(ctx)
+	if err != nil {
+		return nil, notSent{err}
+	}
+	return cc, nil
 }
+
+// ErrNotSent marks the errors of requests that never left the client (no
+// connection could be made, or it had broken before): they may be sent
+// again, elsewhere, without being applied twice.
+var ErrNotSent = errors.New("request not sent")
+
+// notSent is an error of a request that was not sent; it keeps the
+// error's gRPC status.
+type notSent struct{ err error }
+
+func (e notSent) Error() string              { return e.err.Error() }
+func (e notSent) Unwrap() error              { return e.err }
+func (e notSent) Is(target error) bool       { return target == ErrNotSent }
+func (e notSent) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 // doOn is do on connection cc. lent, if not nil, is a buffer of the
 // shared arena (lent with arena.lend) that the server reads (a write) or
@@ -313,7 +343,7 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte
 	if cc.err != nil {
 		err := cc.connError(cc.err)
 		cc.mu.Unlock()
-		return nil, err
+		return nil, notSent{err}
 	}
 	cc.nextID++
 	id := cc.nextID
@@ -606,4 +636,26 @@ func (c *Client) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*we
 		return nil, err
 	}
 	return &weftv1.SyncFileResponse{}, nil
+}
+
+// Batch sends a batch of namespace calls to a meta server (see
+// NewMetaClient) and returns its answers. An error that wraps ErrNotSent
+// means the batch never reached the server.
+func (c *Client) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error) {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return nil, notSent{status.Errorf(codes.Internal, "lean path: encode a batch of meta calls: %v", err)}
+	}
+	cl, err := c.do(ctx, opMetaBatch, nil, body, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := cl.callError(); err != nil {
+		return nil, err
+	}
+	resp := new(weftv1.BatchResponse)
+	if err := proto.Unmarshal(cl.data, resp); err != nil {
+		return nil, status.Errorf(codes.Internal, "lean path: decode the answers of a batch of meta calls from %s: %v", c.a.TCP, err)
+	}
+	return resp, nil
 }

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -41,13 +43,22 @@ type AllocReader interface {
 	ReadChunkAlloc(ctx context.Context, req *weftv1.ReadChunkRequest, alloc func(n int) []byte) (data, buf []byte, err error)
 }
 
+// BatchHandler serves batches of meta service calls (opMetaBatch): the
+// meta service's lean path, next to its gRPC Batch, which runs the same
+// code.
+type BatchHandler interface {
+	Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error)
+}
+
 // maxInFlight bounds the requests a connection runs at once; past it the
 // server stops reading the connection (TCP pushes back on the client).
 const maxInFlight = 64
 
-// Server serves Handler over the wire protocol.
+// Server serves a Handler (a data server) or a BatchHandler (a meta
+// server) over the wire protocol.
 type Server struct {
-	h   Handler
+	h   Handler      // nil on a meta server
+	b   BatchHandler // nil on a data server
 	log *slog.Logger
 
 	mu     sync.Mutex
@@ -63,6 +74,15 @@ func NewServer(h Handler, log *slog.Logger) *Server {
 		log = slog.Default()
 	}
 	return &Server{h: h, log: log, conns: make(map[*serverConn]struct{})}
+}
+
+// NewBatchServer returns a server of a meta service's batches; chunk
+// requests get Unimplemented.
+func NewBatchServer(b BatchHandler, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{b: b, log: log, conns: make(map[*serverConn]struct{})}
 }
 
 // Serve accepts connections on lis until Close; it returns nil after
@@ -215,7 +235,7 @@ func (c *serverConn) run() {
 		if err == nil && h.metaLen != metaLenOf(h.op) {
 			err = fmt.Errorf("%w: op %d with %d bytes of fields", errProtocol, h.op, h.metaLen)
 		}
-		if err == nil && h.op != opWriteChunk && h.payloadLen != 0 {
+		if err == nil && h.op != opWriteChunk && h.op != opMetaBatch && h.payloadLen != 0 {
 			err = fmt.Errorf("%w: op %d with a payload", errProtocol, h.op)
 		}
 		if err != nil {
@@ -236,6 +256,16 @@ func (c *serverConn) run() {
 		}
 		if h.op == opAttach {
 			c.respond(h.id, c.attach(), 0, 0, nil)
+			continue
+		}
+		if (h.op == opMetaBatch) != (c.s.h == nil) {
+			// A chunk request to a meta server, or a batch to a data
+			// server: refused, the connection goes on.
+			if err := skipPayload(br, h.payloadLen); err != nil {
+				c.readFailed(err)
+				return
+			}
+			c.respond(h.id, status.Errorf(codes.Unimplemented, "lean path: this server does not serve op %d", h.op), 0, 0, nil)
 			continue
 		}
 		if h.op == opLease {
@@ -297,6 +327,8 @@ func (c *serverConn) run() {
 			req = getRead(meta[:])
 		case opSyncFile:
 			req = getSync(meta[:])
+		case opMetaBatch:
+			req = metaBatch(payload)
 		}
 		go c.handle(ctx, cancel, h, req, payload, shmDst)
 	}
@@ -308,6 +340,8 @@ func (s *Server) identityPreface() []byte {
 	var id string
 	if h, ok := s.h.(Identified); ok {
 		id = h.WireIdentity()
+	} else if b, ok := s.b.(Identified); ok {
+		id = b.WireIdentity()
 	}
 	id = id[:min(len(id), maxIdentity)]
 	b := make([]byte, 10+len(id))
@@ -325,6 +359,11 @@ const maxFixedMeta = writeShmMetaLen
 func (c *serverConn) attach() error {
 	fd := c.fds.take()
 	switch {
+	case c.s.h == nil:
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return status.Error(codes.Unimplemented, "lean path: a meta server takes no shared arena")
 	case fd < 0:
 		return status.Error(codes.InvalidArgument, "lean data path: attach without a descriptor (only over the Unix socket)")
 	case c.arena != nil:
@@ -398,8 +437,38 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		data = resp.GetData()
 	case *weftv1.SyncFileRequest:
 		_, err = c.s.h.SyncFile(ctx, r)
+	case metaBatch:
+		data, err = c.batch(ctx, r)
+		PutBuffer(payload)
 	}
 	c.respond(h.id, err, flags, 0, data)
+}
+
+// metaBatch is the encoded weftv1.BatchRequest of an opMetaBatch.
+type metaBatch []byte
+
+// batch serves a batch of meta service calls and returns the encoded
+// answer.
+func (c *serverConn) batch(ctx context.Context, body metaBatch) ([]byte, error) {
+	req := new(weftv1.BatchRequest)
+	if err := proto.Unmarshal(body, req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "lean path: decode a batch of meta calls: %v", err)
+	}
+	resp, err := c.s.b.Batch(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out, err := proto.Marshal(resp)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "lean path: encode the answers of a batch of meta calls: %v", err)
+	}
+	return out, nil
+}
+
+// skipPayload reads past a payload nobody will serve.
+func skipPayload(br *bufio.Reader, n int) error {
+	_, err := br.Discard(n)
+	return err
 }
 
 // readInto serves a read into dst (the client's arena) and returns how

@@ -2805,6 +2805,10 @@ type OpenSessionResponse struct {
 	// Addresses of every live meta server of the cluster (clients fail over
 	// between them).
 	MetaAddresses []string `protobuf:"bytes,3,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
+	// The lean path of the meta server that answered (the text form of a
+	// wire address: TCP, and a Unix socket for clients on its host), for
+	// batches of namespace calls without gRPC; empty if it has none.
+	WireAddress   string `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2860,6 +2864,13 @@ func (x *OpenSessionResponse) GetMetaAddresses() []string {
 	return nil
 }
 
+func (x *OpenSessionResponse) GetWireAddress() string {
+	if x != nil {
+		return x.WireAddress
+	}
+	return ""
+}
+
 type RenewSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -2908,6 +2919,9 @@ type RenewSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Addresses of every live meta server of the cluster.
 	MetaAddresses []string `protobuf:"bytes,1,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
+	// The lean path of the meta server that answered (as in
+	// OpenSessionResponse).
+	WireAddress   string `protobuf:"bytes,2,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2947,6 +2961,13 @@ func (x *RenewSessionResponse) GetMetaAddresses() []string {
 		return x.MetaAddresses
 	}
 	return nil
+}
+
+func (x *RenewSessionResponse) GetWireAddress() string {
+	if x != nil {
+		return x.WireAddress
+	}
+	return ""
 }
 
 type CloseSessionRequest struct {
@@ -5765,15 +5786,17 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1f\n" +
 	"\vmount_point\x18\x02 \x01(\tR\n" +
 	"mountPoint\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"q\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\"\x94\x01\n" +
 	"\x13OpenSessionResponse\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\x03R\aleaseMs\x12%\n" +
-	"\x0emeta_addresses\x18\x03 \x03(\tR\rmetaAddresses\"/\n" +
+	"\x0emeta_addresses\x18\x03 \x03(\tR\rmetaAddresses\x12!\n" +
+	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\"/\n" +
 	"\x13RenewSessionRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"=\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"`\n" +
 	"\x14RenewSessionResponse\x12%\n" +
-	"\x0emeta_addresses\x18\x01 \x03(\tR\rmetaAddresses\"/\n" +
+	"\x0emeta_addresses\x18\x01 \x03(\tR\rmetaAddresses\x12!\n" +
+	"\fwire_address\x18\x02 \x01(\tR\vwireAddress\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
 	"\x14CloseSessionResponse\"\xeb\x02\n" +
