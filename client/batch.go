@@ -158,7 +158,8 @@ func (b *batcher) finished() {
 	}()
 }
 
-// send sends queued calls: one alone, several as a Batch.
+// send sends queued calls: on the lean path as one batch if the meta
+// server has one, else over gRPC.
 func (b *batcher) send(calls []*queuedCall) {
 	live := calls[:0:0]
 	for _, q := range calls {
@@ -168,29 +169,14 @@ func (b *batcher) send(calls []*queuedCall) {
 			q.done <- status.FromContextError(q.ctx.Err()).Err()
 		}
 	}
-	switch {
-	case len(live) == 0:
-		return
-	case len(live) == 1 || b.off.Load():
-		b.sendAlone(live)
+	if len(live) == 0 {
 		return
 	}
 	if w := b.lean.Load(); w != nil {
 		b.sendLean(w, live, false)
 		return
 	}
-	req, live, deadline := b.request(live)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	resp := new(weftv1.BatchResponse)
-	err := b.m.invokeAlone(ctx, metaMethod+"Batch", req, resp)
-	if status.Code(err) == codes.Unimplemented {
-		// A meta server older than batches: send everything alone.
-		b.off.Store(true)
-		b.sendAlone(live)
-		return
-	}
-	b.deliver(live, resp, err)
+	b.sendGRPC(live)
 }
 
 // request encodes calls as a batch and returns it with the calls that

@@ -106,6 +106,17 @@ func (d *dirCache) dropAttrs() {
 	d.mu.Unlock()
 }
 
+// dropAttrsBut forgets every directory's attributes but keep's.
+func (d *dirCache) dropAttrsBut(keep uint64) {
+	d.mu.Lock()
+	for ino := range d.attrs {
+		if ino != keep {
+			delete(d.attrs, ino)
+		}
+	}
+	d.mu.Unlock()
+}
+
 // dropAll forgets every directory (callbacks may have been missed).
 func (d *dirCache) dropAll() {
 	d.mu.Lock()
@@ -184,18 +195,39 @@ func (d *dirCache) add(dir uint64, name string, created bool, ctimeNs int64) {
 	d.names++
 }
 
-// remove records that this client removed name from dir.
-func (d *dirCache) remove(dir uint64, name string) {
+// changeEntry records that this client added (added) or removed name in
+// dir by a call started at tok whose answer gave dir's attributes after it
+// (parent; nil: none, or callbacks were not live throughout): they are
+// kept unless dir changed meanwhile for another reason; else dir's
+// attributes are dropped, as the change altered them.
+func (d *dirCache) changeEntry(dir uint64, name string, added bool, parent *weftv1.Attr, tok uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	fresh := parent != nil && parent.Ino == dir && !d.changedLocked(dir, tok)
 	d.seq++
 	d.ring[d.seq%dirChangeRing] = dirChange{seq: d.seq, dir: dir}
-	delete(d.attrs, dir)
-	if set, ok := d.dirs[dir]; ok {
-		if _, had := set[name]; had {
-			delete(set, name)
-			d.names--
+	if fresh {
+		d.putAttrLocked(parent)
+	} else {
+		delete(d.attrs, dir)
+	}
+	set, ok := d.dirs[dir]
+	if !ok {
+		return
+	}
+	_, had := set[name]
+	switch {
+	case !added && had:
+		delete(set, name)
+		d.names--
+	case added && !had:
+		if len(set) >= maxDirNames || d.names >= maxCompleteNames {
+			d.names -= len(set)
+			delete(d.dirs, dir)
+			return
 		}
+		set[name] = struct{}{}
+		d.names++
 	}
 }
 
@@ -207,6 +239,10 @@ func (d *dirCache) putAttr(a *weftv1.Attr, tok uint64) {
 	if d.changedLocked(a.Ino, tok) {
 		return
 	}
+	d.putAttrLocked(a)
+}
+
+func (d *dirCache) putAttrLocked(a *weftv1.Attr) {
 	if d.attrs == nil {
 		d.attrs = make(map[uint64]*weftv1.Attr)
 	}
@@ -311,6 +347,13 @@ func (e *knownMissingError) Unwrap() error { return syscall.ENOENT }
 // longer known completely (the name may exist, or the call may have
 // happened without an answer).
 func (c *Client) noteMade(dir uint64, name string, err error) {
+	c.noteEntry(dir, name, true, err, nil, 0, false)
+}
+
+// noteEntry records the outcome of a call of this client started at tok
+// (track: with callbacks live) that added (added) or removed name in dir;
+// parent is dir's attributes as the call's answer gave them.
+func (c *Client) noteEntry(dir uint64, name string, added bool, err error, parent *weftv1.Attr, tok uint64, track bool) {
 	if !c.cb.on.Load() {
 		return
 	}
@@ -318,7 +361,10 @@ func (c *Client) noteMade(dir uint64, name string, err error) {
 		c.dirs.changed(dir)
 		return
 	}
-	c.dirs.add(dir, name, false, 0)
+	if !track || !c.cb.live.Load() {
+		parent = nil
+	}
+	c.dirs.changeEntry(dir, name, added, parent, tok)
 }
 
 // noteAttrChange records that this client changed inode ino's
@@ -362,14 +408,7 @@ func (c *Client) cachedDirAttr(ino uint64) *weftv1.Attr {
 // noteRemoved records the outcome of a call of this client that removes
 // name from dir.
 func (c *Client) noteRemoved(dir uint64, name string, err error) {
-	if !c.cb.on.Load() {
-		return
-	}
-	if err != nil {
-		c.dirs.changed(dir)
-		return
-	}
-	c.dirs.remove(dir, name)
+	c.noteEntry(dir, name, false, err, nil, 0, false)
 }
 
 // LocalLookups returns how many lookups of missing names were answered

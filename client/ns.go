@@ -155,7 +155,7 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Mkdir(ctx, &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode})
-	c.noteMade(parent, name, err)
+	c.noteEntry(parent, name, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
 	}
@@ -168,18 +168,22 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Unlink removes the non-directory name from parent.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	tok, track := c.dirToken()
 	c.countMeta()
-	_, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
-	c.noteRemoved(parent, name, err)
+	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
 	return err
 }
 
 // Rmdir removes the empty directory name from parent.
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	tok, track := c.dirToken()
 	c.countMeta()
-	_, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
-	c.noteRemoved(parent, name, err)
-	c.dirs.dropAttrs() // the removed directory's among them
+	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
+	// The removed directory's own attributes are among those cached, under
+	// an inode number this client does not know.
+	c.dirs.dropAttrsBut(parent)
 	return err
 }
 
@@ -203,9 +207,10 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 
 // Link makes newParent/newName another name of inode ino.
 func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
+	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})
-	c.noteMade(newParent, newName, err)
+	c.noteEntry(newParent, newName, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
 	}
@@ -214,9 +219,10 @@ func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent
 
 // Symlink creates symbolic link name in parent pointing to target.
 func (c *Client) Symlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name, target string) (*weftv1.Attr, error) {
+	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Symlink(ctx, &weftv1.SymlinkRequest{Caller: caller, Parent: parent, Name: name, Target: target})
-	c.noteMade(parent, name, err)
+	c.noteEntry(parent, name, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
 	}

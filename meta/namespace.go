@@ -285,7 +285,7 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	var a *weftv1.Attr
+	var a, parent *weftv1.Attr
 	err = s.update(ctx, func(x *tx) error {
 		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
@@ -299,6 +299,7 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 		if err := x.addChild(d, req.Name, a); err != nil {
 			return err
 		}
+		parent = d
 		if err := x.t.Set(parentKey(a.Ino), be64(d.Ino)); err != nil {
 			return err
 		}
@@ -307,7 +308,7 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.AttrResponse{Attr: a}, nil
+	return &weftv1.AttrResponse{Attr: a, Parent: parent}, nil
 }
 
 // dirForNewName returns directory parent for adding name to it: the
@@ -363,7 +364,7 @@ func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*wef
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	var a *weftv1.Attr
+	var a, parent *weftv1.Attr
 	err = s.update(ctx, func(x *tx) error {
 		d, err := x.dirForNewName(c, req.Parent, req.Name, op)
 		if err != nil {
@@ -379,12 +380,13 @@ func (s *Service) Symlink(ctx context.Context, req *weftv1.SymlinkRequest) (*wef
 		if err := x.addChild(d, req.Name, a); err != nil {
 			return err
 		}
+		parent = d
 		return x.countInode(false, a.Ino, 1)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.AttrResponse{Attr: a}, nil
+	return &weftv1.AttrResponse{Attr: a, Parent: parent}, nil
 }
 
 // Readlink returns a symbolic link's target.
@@ -421,7 +423,7 @@ func (s *Service) Link(ctx context.Context, req *weftv1.LinkRequest) (*weftv1.At
 	if err := checkName("link", req.NewParent, req.NewName); err != nil {
 		return nil, err
 	}
-	var a *weftv1.Attr
+	var a, parent *weftv1.Attr
 	err := s.update(ctx, func(x *tx) error {
 		var err error
 		if a, err = x.inode(req.Ino, op); err != nil {
@@ -441,12 +443,13 @@ func (s *Service) Link(ctx context.Context, req *weftv1.LinkRequest) (*weftv1.At
 		}
 		a.Nlink++
 		a.CtimeNs = x.now
+		parent = d
 		return x.addChild(d, req.NewName, a)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.AttrResponse{Attr: a}, nil
+	return &weftv1.AttrResponse{Attr: a, Parent: parent}, nil
 }
 
 // ReadDir lists a directory in name order after start_after, without "."

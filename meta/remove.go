@@ -21,6 +21,7 @@ func (s *Service) Unlink(ctx context.Context, req *weftv1.RemoveRequest) (*weftv
 	if isDot(req.Name) {
 		return nil, fserr.Wrap(syscall.EISDIR, "%s: is a directory", op)
 	}
+	var parent *weftv1.Attr
 	err := s.update(ctx, func(x *tx) error {
 		d, a, err := x.removable(c, req.Parent, req.Name, op)
 		if err != nil {
@@ -36,12 +37,13 @@ func (s *Service) Unlink(ctx context.Context, req *weftv1.RemoveRequest) (*weftv
 		if err := x.putInode(d); err != nil {
 			return err
 		}
+		parent = d
 		return x.dropLink(a)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.RemoveResponse{}, nil
+	return &weftv1.RemoveResponse{Parent: parent}, nil
 }
 
 // Rmdir removes an empty directory.
@@ -57,6 +59,7 @@ func (s *Service) Rmdir(ctx context.Context, req *weftv1.RemoveRequest) (*weftv1
 	case "..":
 		return nil, fserr.Wrap(syscall.ENOTEMPTY, "%s: directory not empty", op)
 	}
+	var parent *weftv1.Attr
 	err := s.update(ctx, func(x *tx) error {
 		d, a, err := x.removable(c, req.Parent, req.Name, op)
 		if err != nil {
@@ -73,12 +76,13 @@ func (s *Service) Rmdir(ctx context.Context, req *weftv1.RemoveRequest) (*weftv1
 		if err := x.putInode(d); err != nil {
 			return err
 		}
+		parent = d
 		return x.removeInode(a)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.RemoveResponse{}, nil
+	return &weftv1.RemoveResponse{Parent: parent}, nil
 }
 
 // removable loads directory parent and its entry name, checking that c

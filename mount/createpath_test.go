@@ -141,3 +141,62 @@ func TestCompleteDirAcrossMounts(t *testing.T) {
 		})
 	}
 }
+
+// TestNamespaceChangesMetaCalls counts the meta calls of mkdir, symlink,
+// link, unlink and rmdir in a directory this mount made: the answer of
+// each carries the directory's new attributes, so the kernel's getattr of
+// the directory that follows is answered without a call, and what it
+// shows (link count, times) is what the meta service holds.
+func TestNamespaceChangesMetaCalls(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	dir, c, _ := mountWith(t, tc, Options{})
+	d := filepath.Join(dir, "tree")
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(d, "warm")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	f, err := os.Create(filepath.Join(d, "file"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	const n = 20
+	steps := []struct {
+		name  string
+		calls int // meta calls each may make
+		do    func(i int) error
+	}{
+		{"mkdir", 1, func(i int) error { return os.Mkdir(filepath.Join(d, fmt.Sprint("d", i)), 0o755) }},
+		{"symlink", 1, func(i int) error { return os.Symlink("file", filepath.Join(d, fmt.Sprint("s", i))) }},
+		{"link", 1, func(i int) error { return os.Link(filepath.Join(d, "file"), filepath.Join(d, fmt.Sprint("l", i))) }},
+		{"unlink", 1, func(i int) error { return os.Remove(filepath.Join(d, fmt.Sprint("s", i))) }},
+		{"rmdir", 1, func(i int) error { return os.Remove(filepath.Join(d, fmt.Sprint("d", i))) }},
+	}
+	for _, st := range steps {
+		calls := c.MetaCalls()
+		for i := range n {
+			if err := st.do(i); err != nil {
+				t.Fatalf("%s %d: %v", st.name, i, err)
+			}
+			// What the kernel shows of the directory right after.
+			var got syscall.Stat_t
+			if err := syscall.Stat(d, &got); err != nil {
+				t.Fatal(err)
+			}
+			want, err := tc.Meta().GetAttr(tc.Context(), &weftv1.GetAttrRequest{Ino: got.Ino})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if uint64(got.Nlink) != uint64(want.Attr.Nlink) || got.Mtim.Nano() != want.Attr.MtimeNs || got.Ctim.Nano() != want.Attr.CtimeNs {
+				t.Fatalf("after %s %d the directory shows nlink %d, mtime %d, ctime %d; the meta service holds %d, %d, %d",
+					st.name, i, got.Nlink, got.Mtim.Nano(), got.Ctim.Nano(), want.Attr.Nlink, want.Attr.MtimeNs, want.Attr.CtimeNs)
+			}
+		}
+		if got := int(c.MetaCalls() - calls); got > st.calls*n+2 {
+			t.Errorf("%d %ss made %d meta calls, want at most %d", n, st.name, got, st.calls*n+2)
+		}
+	}
+}

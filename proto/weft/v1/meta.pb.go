@@ -601,8 +601,11 @@ func (x *LookupRequest) GetName() string {
 }
 
 type AttrResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Attr          *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	// Mkdir, Symlink and Link: the directory the name went into, as the
+	// call left it (its client need not ask for it again).
+	Parent        *Attr `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -640,6 +643,13 @@ func (*AttrResponse) Descriptor() ([]byte, []int) {
 func (x *AttrResponse) GetAttr() *Attr {
 	if x != nil {
 		return x.Attr
+	}
+	return nil
+}
+
+func (x *AttrResponse) GetParent() *Attr {
+	if x != nil {
+		return x.Parent
 	}
 	return nil
 }
@@ -1084,7 +1094,9 @@ func (x *RemoveRequest) GetName() string {
 }
 
 type RemoveResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The directory the name went from, as the call left it.
+	Parent        *Attr `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1117,6 +1129,13 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RemoveResponse) GetParent() *Attr {
+	if x != nil {
+		return x.Parent
+	}
+	return nil
 }
 
 type RenameRequest struct {
@@ -5637,9 +5656,10 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\rLookupRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"1\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"X\n" +
 	"\fAttrResponse\x12!\n" +
-	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\"\"\n" +
+	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12%\n" +
+	"\x06parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\x06parent\"\"\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xe3\x01\n" +
 	"\x0eSetAttrRequest\x12'\n" +
@@ -5673,8 +5693,9 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\rRemoveRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"\x10\n" +
-	"\x0eRemoveResponse\"\xc2\x01\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"7\n" +
+	"\x0eRemoveResponse\x12%\n" +
+	"\x06parent\x18\x01 \x01(\v2\r.weft.v1.AttrR\x06parent\"\xc2\x01\n" +
 	"\rRenameRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x1d\n" +
 	"\n" +
@@ -6178,131 +6199,133 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,  // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
 	3,  // 1: weft.v1.LookupRequest.caller:type_name -> weft.v1.Caller
 	5,  // 2: weft.v1.AttrResponse.attr:type_name -> weft.v1.Attr
-	3,  // 3: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 4: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
-	5,  // 5: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
-	3,  // 6: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
-	3,  // 7: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
-	3,  // 8: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
-	3,  // 9: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 10: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 11: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
-	5,  // 12: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
-	23, // 13: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
-	3,  // 14: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
-	3,  // 15: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
-	3,  // 16: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
-	3,  // 17: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 18: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 19: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 20: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 21: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 22: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
-	4,  // 23: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
-	3,  // 24: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 25: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
-	4,  // 26: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	52, // 27: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	51, // 28: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 29: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	51, // 30: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 31: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	58, // 32: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	57, // 33: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	59, // 34: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	67, // 35: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	66, // 36: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,  // 37: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	64, // 38: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	57, // 39: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	70, // 40: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	71, // 41: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,  // 42: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	76, // 43: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	80, // 44: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	83, // 45: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	85, // 46: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,  // 47: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 48: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 49: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 50: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 51: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 52: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 53: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 54: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 55: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 56: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 57: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 58: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 59: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 60: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 61: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 62: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 63: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 64: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 65: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 66: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 67: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 68: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 69: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	82, // 70: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	45, // 71: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 72: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 73: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	53, // 74: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	55, // 75: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	65, // 76: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	60, // 77: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	62, // 78: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	68, // 79: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	72, // 80: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	72, // 81: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	74, // 82: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	77, // 83: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	79, // 84: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,  // 85: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 86: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 87: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 88: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 89: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 90: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 91: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 92: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 93: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 94: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 95: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 96: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 97: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 98: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 99: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 100: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 101: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 102: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 103: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 104: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 105: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 106: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 107: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	84, // 108: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	46, // 109: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 110: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 111: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	54, // 112: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	56, // 113: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	59, // 114: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	61, // 115: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	63, // 116: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	69, // 117: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	73, // 118: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	73, // 119: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	75, // 120: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	78, // 121: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	81, // 122: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	85, // [85:123] is the sub-list for method output_type
-	47, // [47:85] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	5,  // 3: weft.v1.AttrResponse.parent:type_name -> weft.v1.Attr
+	3,  // 4: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 5: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
+	5,  // 6: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
+	3,  // 7: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
+	3,  // 8: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
+	5,  // 9: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
+	3,  // 10: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
+	3,  // 11: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
+	3,  // 12: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
+	3,  // 13: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
+	5,  // 14: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
+	23, // 15: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
+	3,  // 16: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
+	3,  // 17: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
+	3,  // 18: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
+	3,  // 19: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 20: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 21: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 22: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 23: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,  // 24: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
+	4,  // 25: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
+	3,  // 26: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,  // 27: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
+	4,  // 28: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
+	52, // 29: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	51, // 30: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 31: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	51, // 32: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 33: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	58, // 34: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	57, // 35: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	59, // 36: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	67, // 37: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	66, // 38: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,  // 39: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	64, // 40: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	57, // 41: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	70, // 42: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	71, // 43: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,  // 44: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	76, // 45: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	80, // 46: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	83, // 47: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	85, // 48: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,  // 49: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,  // 50: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10, // 51: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11, // 52: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13, // 53: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	14, // 54: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	14, // 55: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	16, // 56: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	18, // 57: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	19, // 58: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	20, // 59: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	22, // 60: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	25, // 61: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	26, // 62: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	28, // 63: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	30, // 64: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	31, // 65: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	33, // 66: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	35, // 67: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	37, // 68: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	39, // 69: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	41, // 70: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	43, // 71: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	82, // 72: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	45, // 73: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	47, // 74: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	49, // 75: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	53, // 76: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	55, // 77: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	65, // 78: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	60, // 79: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	62, // 80: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	68, // 81: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	72, // 82: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	72, // 83: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	74, // 84: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	77, // 85: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	79, // 86: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,  // 87: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,  // 88: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,  // 89: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12, // 90: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	8,  // 91: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	15, // 92: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	15, // 93: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	17, // 94: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,  // 95: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,  // 96: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	21, // 97: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	24, // 98: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,  // 99: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	27, // 100: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	29, // 101: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,  // 102: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	32, // 103: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	34, // 104: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	36, // 105: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	38, // 106: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	40, // 107: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	42, // 108: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	44, // 109: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	84, // 110: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	46, // 111: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	48, // 112: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	50, // 113: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	54, // 114: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	56, // 115: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	59, // 116: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	61, // 117: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	63, // 118: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	69, // 119: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	73, // 120: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	73, // 121: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	75, // 122: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	78, // 123: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	81, // 124: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	87, // [87:125] is the sub-list for method output_type
+	49, // [49:87] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
