@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -58,14 +59,22 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 		resp.Replies[0] = s.runBatched(ctx, md, req.Calls[0])
 		return resp, nil
 	}
-	g := newUpdateGroup(s.eng, len(req.Calls))
-	ctx = context.WithValue(ctx, updateGroupKey{}, g)
+	// Hold the calls' transactions for one commit only where the engine
+	// commits several together; on etcd each is a round trip of its own,
+	// and holding them would only make each wait for the slowest call.
+	var g *updateGroup
+	if _, ok := s.eng.(kv.GroupUpdater); ok {
+		g = newUpdateGroup(s.eng, len(req.Calls))
+		ctx = context.WithValue(ctx, updateGroupKey{}, g)
+	}
 	var wg sync.WaitGroup
 	for i, call := range req.Calls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer g.callDone()
+			if g != nil {
+				defer g.callDone()
+			}
 			resp.Replies[i] = s.runBatched(ctx, md, call)
 		}()
 	}

@@ -1,16 +1,23 @@
 package meta
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/meta/kv"
+	"github.com/weft-fs/weft/meta/kv/pebblekv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -115,5 +122,72 @@ func TestBatch(t *testing.T) {
 	}
 	if _, err := e.s.Batch(e.ctx, big); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("batch of %d calls: %v, want InvalidArgument", len(big.Calls), err)
+	}
+}
+
+// countingEngine is the pebble engine, counting what UpdateAll hands it.
+type countingEngine struct {
+	*pebblekv.Engine
+	mu    sync.Mutex
+	sizes []int // transactions per UpdateAll
+}
+
+func (c *countingEngine) UpdateAll(ctxs []context.Context, fns []func(kv.Txn) error) []error {
+	c.mu.Lock()
+	c.sizes = append(c.sizes, len(fns))
+	c.mu.Unlock()
+	return c.Engine.UpdateAll(ctxs, fns)
+}
+
+// TestBatchCommitsTogether checks that the transactions of a batch's
+// calls reach the engine together, also when some calls fail before
+// their transaction (a bad name) or need none (a lookup).
+func TestBatchCommitsTogether(t *testing.T) {
+	pe, err := pebblekv.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &countingEngine{Engine: pe}
+	e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), lease: time.Minute, data: startChunkServer(t)}
+	s, err := Open(e.ctx, Config{Dir: e.dir, Engine: eng, Cluster: cluster.Config{Logger: quietLogger()}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	e.s = s
+	d := e.mkdir(root, rootIno, "d", 0o755)
+	req := &weftv1.BatchRequest{}
+	const creates = 12
+	for i := range creates {
+		req.Calls = append(req.Calls, batchCall(t, "Mkdir", &weftv1.MkdirRequest{Caller: root, Parent: d.Ino, Name: fmt.Sprint("m", i), Mode: 0o755}))
+	}
+	req.Calls = append(req.Calls,
+		batchCall(t, "Mkdir", &weftv1.MkdirRequest{Caller: root, Parent: d.Ino, Name: "bad/name", Mode: 0o755}),
+		batchCall(t, "Lookup", &weftv1.LookupRequest{Caller: root, Parent: d.Ino, Name: "m0"}))
+	eng.mu.Lock()
+	eng.sizes = nil
+	eng.mu.Unlock()
+	resp, err := s.Batch(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range creates {
+		if err := batchOutcome(t, resp.Replies[i], new(weftv1.AttrResponse)); err != nil {
+			t.Fatalf("mkdir %d: %v", i, err)
+		}
+	}
+	if err := batchOutcome(t, resp.Replies[creates], new(weftv1.AttrResponse)); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("mkdir of a bad name: %v, want EINVAL", err)
+	}
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	total := 0
+	for _, n := range eng.sizes {
+		total += n
+	}
+	// Each mkdir may also take a transaction to reserve inode numbers,
+	// outside the group.
+	if total != creates || len(eng.sizes) > 2 {
+		t.Errorf("the engine got the batch's %d transactions as %v, want them together", creates, eng.sizes)
 	}
 }
