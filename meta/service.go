@@ -69,9 +69,12 @@ type Config struct {
 	// port, WireOff for none (clients use gRPC).
 	WireListen string
 	// WireAdvertise is the lean path's address clients use, when it is
-	// not its listen address (needed with an advertise address, else the
-	// lean path is off).
+	// not its listen address (needed with Advertise, else the lean path
+	// is off).
 	WireAdvertise string
+	// Advertise is the address clients reach this server at when it is
+	// not the listen address (a proxy or NAT in front of it).
+	Advertise string
 }
 
 // clusterManager is what the namespace needs of cluster.Manager.

@@ -43,9 +43,13 @@ func (s *Service) listenWire(lis net.Listener) (net.Listener, string, error) {
 	if s.cfg.WireListen == WireOff {
 		return nil, "", nil
 	}
-	if s.cfg.HA != nil && s.cfg.HA.Advertise != "" && s.cfg.WireAdvertise == "" {
+	advertise := s.cfg.Advertise
+	if advertise == "" && s.cfg.HA != nil {
+		advertise = s.cfg.HA.Advertise
+	}
+	if advertise != "" && s.cfg.WireAdvertise == "" {
 		s.log.Info("meta lean path off: an advertise address is set without a wire advertise address (clients use gRPC)",
-			"advertise", s.cfg.HA.Advertise)
+			"advertise", advertise)
 		return nil, "", nil
 	}
 	addr := s.cfg.WireListen

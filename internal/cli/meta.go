@@ -160,6 +160,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 		HA:            ha,
 		WireListen:    f.wireListen,
 		WireAdvertise: f.wireAdvertise,
+		Advertise:     f.advertise,
 	})
 	if err != nil { // meta.Open closed eng
 		return failure("open the meta service in "+f.dir, err, "check that no other weft meta uses this directory and that it is writable")
