@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/weft-fs/weft/internal/fserr"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -187,4 +191,47 @@ func TestBatchesFallBackAlone(t *testing.T) {
 	if got := old.getattrs.Load(); got != 40 {
 		t.Errorf("the meta service answered %d getattrs, want 40", got)
 	}
+}
+
+// TestBatchedCallAppliedBefore: a call of a batch that the meta service
+// answers "already applied" (an earlier try of the batch reached another
+// meta server before it was cut off) gets the result read back, as a call
+// sent alone would.
+func TestBatchedCallAppliedBefore(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	made, err := c.Mkdir(ctx, root, 1, "made", 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := proto.Marshal(status.New(codes.Aborted, "mkdir: "+alreadyApplied).Proto())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := new(weftv1.AttrResponse)
+	q := &queuedCall{ctx: ctx, name: "Mkdir", args: &weftv1.MkdirRequest{Caller: root, Parent: 1, Name: "made", Mode: 0o755}, reply: reply}
+	if err := c.conn.batch.outcome(q, &weftv1.BatchReply{Status: st}); err != nil {
+		t.Fatalf("outcome of an already applied mkdir: %v", err)
+	}
+	if reply.Attr.GetIno() != made.Ino {
+		t.Errorf("read back inode %d, the mkdir made %d", reply.Attr.GetIno(), made.Ino)
+	}
+	// Another error keeps its errno.
+	st, err = proto.Marshal(statusWithErrno(t, codes.AlreadyExists, "mkdir: exists", syscall.EEXIST).Proto())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.conn.batch.outcome(q, &weftv1.BatchReply{Status: st}); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("outcome of a failed mkdir: %v, want EEXIST", err)
+	}
+}
+
+func statusWithErrno(t *testing.T, code codes.Code, msg string, e syscall.Errno) *status.Status {
+	t.Helper()
+	st, err := status.New(code, msg).WithDetails(&weftv1.Errno{Errno: uint32(e)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

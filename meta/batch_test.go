@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -189,5 +190,40 @@ func TestBatchCommitsTogether(t *testing.T) {
 	// outside the group.
 	if total != creates || len(eng.sizes) > 2 {
 		t.Errorf("the engine got the batch's %d transactions as %v, want them together", creates, eng.sizes)
+	}
+}
+
+// TestBatchRequestIDs: the calls of a batch carry their own request ids,
+// so a batch sent again (to another meta server, after the first try was
+// cut off) applies each call once: the repeated calls are answered
+// "already applied" and change nothing, a new call in it is applied.
+func TestBatchRequestIDs(t *testing.T) {
+	e := newEnv(t)
+	now := uint64(time.Now().UnixNano())
+	mk := func(name, id string) *weftv1.BatchCall {
+		c := batchCall(t, "Mkdir", &weftv1.MkdirRequest{Caller: root, Parent: rootIno, Name: name, Mode: 0o755})
+		c.RequestId = id
+		return c
+	}
+	first := &weftv1.BatchRequest{Calls: []*weftv1.BatchCall{mk("a", fmt.Sprintf("%016x-a", now)), mk("b", fmt.Sprintf("%016x-b", now))}}
+	if _, err := e.s.Batch(e.ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	again := &weftv1.BatchRequest{Calls: append(first.Calls, mk("c", fmt.Sprintf("%016x-c", now)))}
+	resp, err := e.s.Batch(e.ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"a", "b"} {
+		err := batchOutcome(t, resp.Replies[i], new(weftv1.AttrResponse))
+		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), AlreadyAppliedMessage) {
+			t.Errorf("mkdir %s sent again: %v, want %q", name, err, AlreadyAppliedMessage)
+		}
+	}
+	if err := batchOutcome(t, resp.Replies[2], new(weftv1.AttrResponse)); err != nil {
+		t.Errorf("mkdir c, new in the batch sent again: %v", err)
+	}
+	if got := e.getattr(rootIno).Nlink; got != 5 {
+		t.Errorf("root has %d links after the batches, want 5 (a, b and c made once)", got)
 	}
 }
