@@ -241,6 +241,12 @@ func (in *inode) flush(ctx context.Context, final bool) error {
 	in.mu.Lock()
 	err := in.err
 	in.err = nil
+	if err == nil && len(in.unsynced) == 0 {
+		// Nothing sent without sync since the last flush (a file only
+		// read, or whose last writes went with sync).
+		in.mu.Unlock()
+		return in.commit(ctx)
+	}
 	taken := maps.Clone(in.unsynced)
 	clear(in.unsynced)
 	in.mu.Unlock()

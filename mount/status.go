@@ -45,8 +45,12 @@ func status(log *slog.Logger, op string, ino uint64, err error) fuse.Status {
 // block for long (a data server down) have their own timeouts in the
 // client.
 func reqContext(_ <-chan struct{}) (context.Context, context.CancelFunc) {
-	return context.WithCancel(context.Background())
+	return context.Background(), noCancel
 }
+
+// noCancel is the CancelFunc of a request's context, which has nothing to
+// cancel.
+func noCancel() {}
 
 func splitNs(ns int64) (uint64, uint32) {
 	t := time.Unix(0, ns)
