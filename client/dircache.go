@@ -1,6 +1,7 @@
 package client
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -106,11 +107,11 @@ func (d *dirCache) dropAttrs() {
 	d.mu.Unlock()
 }
 
-// dropAttrsBut forgets every directory's attributes but keep's.
-func (d *dirCache) dropAttrsBut(keep uint64) {
+// dropAttrsBut forgets every directory's attributes but those of keep.
+func (d *dirCache) dropAttrsBut(keep ...uint64) {
 	d.mu.Lock()
 	for ino := range d.attrs {
-		if ino != keep {
+		if !slices.Contains(keep, ino) {
 			delete(d.attrs, ino)
 		}
 	}
@@ -195,39 +196,52 @@ func (d *dirCache) add(dir uint64, name string, created bool, ctimeNs int64) {
 	d.names++
 }
 
-// changeEntry records that this client added (added) or removed name in
-// dir by a call started at tok whose answer gave dir's attributes after it
-// (parent; nil: none, or callbacks were not live throughout): they are
-// kept unless dir changed meanwhile for another reason; else dir's
-// attributes are dropped, as the change altered them.
-func (d *dirCache) changeEntry(dir uint64, name string, added bool, parent *weftv1.Attr, tok uint64) {
+// entryChange is one name this client added (added) or removed in dir,
+// with dir's attributes as the call's answer gave them (parent, or nil).
+type entryChange struct {
+	dir    uint64
+	name   string
+	added  bool
+	parent *weftv1.Attr
+}
+
+// changeEntries records the changes of one call of this client started
+// at tok: each dir's attributes from the answer are kept unless the
+// directory changed meanwhile for another reason (else they are dropped,
+// as the change altered them), and its complete name set follows.
+func (d *dirCache) changeEntries(tok uint64, changes ...entryChange) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	fresh := parent != nil && parent.Ino == dir && !d.changedLocked(dir, tok)
-	d.seq++
-	d.ring[d.seq%dirChangeRing] = dirChange{seq: d.seq, dir: dir}
-	if fresh {
-		d.putAttrLocked(parent)
-	} else {
-		delete(d.attrs, dir)
+	fresh := make([]bool, len(changes))
+	for i, ch := range changes {
+		fresh[i] = ch.parent != nil && ch.parent.Ino == ch.dir && !d.changedLocked(ch.dir, tok)
 	}
-	set, ok := d.dirs[dir]
-	if !ok {
-		return
-	}
-	_, had := set[name]
-	switch {
-	case !added && had:
-		delete(set, name)
-		d.names--
-	case added && !had:
-		if len(set) >= maxDirNames || d.names >= maxCompleteNames {
-			d.names -= len(set)
-			delete(d.dirs, dir)
-			return
+	for i, ch := range changes {
+		d.seq++
+		d.ring[d.seq%dirChangeRing] = dirChange{seq: d.seq, dir: ch.dir}
+		if fresh[i] {
+			d.putAttrLocked(ch.parent)
+		} else {
+			delete(d.attrs, ch.dir)
 		}
-		set[name] = struct{}{}
-		d.names++
+		set, ok := d.dirs[ch.dir]
+		if !ok {
+			continue
+		}
+		_, had := set[ch.name]
+		switch {
+		case !ch.added && had:
+			delete(set, ch.name)
+			d.names--
+		case ch.added && !had:
+			if len(set) >= maxDirNames || d.names >= maxCompleteNames {
+				d.names -= len(set)
+				delete(d.dirs, ch.dir)
+				continue
+			}
+			set[ch.name] = struct{}{}
+			d.names++
+		}
 	}
 }
 
@@ -354,17 +368,27 @@ func (c *Client) noteMade(dir uint64, name string, err error) {
 // (track: with callbacks live) that added (added) or removed name in dir;
 // parent is dir's attributes as the call's answer gave them.
 func (c *Client) noteEntry(dir uint64, name string, added bool, err error, parent *weftv1.Attr, tok uint64, track bool) {
+	c.noteEntries(err, tok, track, entryChange{dir: dir, name: name, added: added, parent: parent})
+}
+
+// noteEntries records the outcome of a call of this client started at tok
+// (track: with callbacks live) that made changes.
+func (c *Client) noteEntries(err error, tok uint64, track bool, changes ...entryChange) {
 	if !c.cb.on.Load() {
 		return
 	}
 	if err != nil {
-		c.dirs.changed(dir)
+		for _, ch := range changes {
+			c.dirs.changed(ch.dir)
+		}
 		return
 	}
 	if !track || !c.cb.live.Load() {
-		parent = nil
+		for i := range changes {
+			changes[i].parent = nil
+		}
 	}
-	c.dirs.changeEntry(dir, name, added, parent, tok)
+	c.dirs.changeEntries(tok, changes...)
 }
 
 // noteAttrChange records that this client changed inode ino's
@@ -403,12 +427,6 @@ func (c *Client) cachedDirAttr(ino uint64) *weftv1.Attr {
 		c.dirs.attrHits.Add(1)
 	}
 	return a
-}
-
-// noteRemoved records the outcome of a call of this client that removes
-// name from dir.
-func (c *Client) noteRemoved(dir uint64, name string, err error) {
-	c.noteEntry(dir, name, false, err, nil, 0, false)
 }
 
 // LocalLookups returns how many lookups of missing names were answered

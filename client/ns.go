@@ -191,17 +191,18 @@ func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 // RenameFlags bits (RENAME_NOREPLACE, RENAME_EXCHANGE).
 func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent uint64, oldName string,
 	newParent uint64, newName string, flags uint32) error {
+	tok, track := c.dirToken()
 	c.countMeta()
-	_, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
+	resp, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
 		Caller: caller, OldParent: oldParent, OldName: oldName, NewParent: newParent, NewName: newName, Flags: flags,
 	})
-	if flags&uint32(weftv1.RenameFlags_RENAME_EXCHANGE) == 0 {
-		c.noteRemoved(oldParent, oldName, err)
-	} else {
-		c.noteMade(oldParent, oldName, err)
-	}
-	c.noteMade(newParent, newName, err)
-	c.dirs.dropAttrs() // a renamed directory's ctime and ".." changed
+	exchange := flags&uint32(weftv1.RenameFlags_RENAME_EXCHANGE) != 0
+	c.noteEntries(err, tok, track,
+		entryChange{dir: oldParent, name: oldName, added: exchange, parent: resp.GetOldParent()},
+		entryChange{dir: newParent, name: newName, added: true, parent: resp.GetNewParent()})
+	// A renamed directory's ctime and ".." changed, under an inode number
+	// this client does not know.
+	c.dirs.dropAttrsBut(oldParent, newParent)
 	return err
 }
 

@@ -150,14 +150,17 @@ func (s *Service) Rename(ctx context.Context, req *weftv1.RenameRequest) (*weftv
 	if err := checkRenameRequest(req, op); err != nil {
 		return nil, err
 	}
+	resp := new(weftv1.RenameResponse)
 	err := s.update(ctx, func(x *tx) error {
 		r := renaming{x: x, c: c, req: req, op: op}
-		return r.run()
+		err := r.run()
+		resp.OldParent, resp.NewParent = r.oldDir, r.newDir
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.RenameResponse{}, nil
+	return resp, nil
 }
 
 func checkRenameRequest(req *weftv1.RenameRequest, op string) error {
@@ -185,6 +188,8 @@ type renaming struct {
 	c   caller
 	req *weftv1.RenameRequest
 	op  string
+
+	oldDir, newDir *weftv1.Attr // as stored, once the rename changed them
 }
 
 func (r *renaming) run() error {
@@ -333,6 +338,7 @@ func (r *renaming) finish(oldDir, newDir, src *weftv1.Attr) error {
 	if err := x.putInode(oldDir); err != nil {
 		return err
 	}
+	r.oldDir, r.newDir = oldDir, newDir
 	if newDir != oldDir {
 		x.touch(newDir)
 		return x.putInode(newDir)

@@ -200,3 +200,59 @@ func TestNamespaceChangesMetaCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestRenameMetaCalls: a rename answers with both directories' new
+// attributes, so the kernel's getattrs of them that follow make no meta
+// call, and what the kernel shows is what the meta service holds.
+func TestRenameMetaCalls(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	dir, c, _ := mountWith(t, tc, Options{})
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for _, d := range []string{a, b} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 20
+	for i := range n {
+		f, err := os.Create(filepath.Join(a, fmt.Sprint("f", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if _, err := os.Stat(filepath.Join(b, "warm")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	check := func(d string) {
+		t.Helper()
+		var got syscall.Stat_t
+		if err := syscall.Stat(d, &got); err != nil {
+			t.Fatal(err)
+		}
+		want, err := tc.Meta().GetAttr(tc.Context(), &weftv1.GetAttrRequest{Ino: got.Ino})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint64(got.Nlink) != uint64(want.Attr.Nlink) || got.Mtim.Nano() != want.Attr.MtimeNs {
+			t.Fatalf("%s shows nlink %d, mtime %d; the meta service holds %d, %d", d, got.Nlink, got.Mtim.Nano(), want.Attr.Nlink, want.Attr.MtimeNs)
+		}
+	}
+	calls := c.MetaCalls()
+	for i := range n {
+		// Within a directory, then across.
+		from := filepath.Join(a, fmt.Sprint("f", i))
+		if err := os.Rename(from, from+".tmp"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(from+".tmp", filepath.Join(b, fmt.Sprint("f", i))); err != nil {
+			t.Fatal(err)
+		}
+		check(a)
+		check(b)
+	}
+	if got := int(c.MetaCalls() - calls); got > 2*n+4 {
+		t.Errorf("%d renames made %d meta calls, want at most %d", 2*n, got, 2*n+4)
+	}
+}

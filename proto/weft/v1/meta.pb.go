@@ -1223,7 +1223,11 @@ func (x *RenameRequest) GetFlags() uint32 {
 }
 
 type RenameResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The directories the name went from and to, as the call left them
+	// (the same directory twice for a rename within one).
+	OldParent     *Attr `protobuf:"bytes,1,opt,name=old_parent,json=oldParent,proto3" json:"old_parent,omitempty"`
+	NewParent     *Attr `protobuf:"bytes,2,opt,name=new_parent,json=newParent,proto3" json:"new_parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1256,6 +1260,20 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RenameResponse) GetOldParent() *Attr {
+	if x != nil {
+		return x.OldParent
+	}
+	return nil
+}
+
+func (x *RenameResponse) GetNewParent() *Attr {
+	if x != nil {
+		return x.NewParent
+	}
+	return nil
 }
 
 type LinkRequest struct {
@@ -5704,8 +5722,12 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"new_parent\x18\x04 \x01(\x04R\tnewParent\x12\x19\n" +
 	"\bnew_name\x18\x05 \x01(\tR\anewName\x12\x14\n" +
-	"\x05flags\x18\x06 \x01(\rR\x05flags\"\x10\n" +
-	"\x0eRenameResponse\"\x82\x01\n" +
+	"\x05flags\x18\x06 \x01(\rR\x05flags\"l\n" +
+	"\x0eRenameResponse\x12,\n" +
+	"\n" +
+	"old_parent\x18\x01 \x01(\v2\r.weft.v1.AttrR\toldParent\x12,\n" +
+	"\n" +
+	"new_parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\tnewParent\"\x82\x01\n" +
 	"\vLinkRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x1d\n" +
@@ -6207,125 +6229,127 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	3,  // 8: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
 	5,  // 9: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
 	3,  // 10: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
-	3,  // 11: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 12: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 13: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
-	5,  // 14: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
-	23, // 15: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
-	3,  // 16: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
-	3,  // 17: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
-	3,  // 18: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
-	3,  // 19: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 20: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 21: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 22: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 23: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 24: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
-	4,  // 25: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
-	3,  // 26: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 27: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
-	4,  // 28: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	52, // 29: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	51, // 30: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 31: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	51, // 32: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 33: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	58, // 34: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	57, // 35: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	59, // 36: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	67, // 37: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	66, // 38: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,  // 39: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	64, // 40: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	57, // 41: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	70, // 42: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	71, // 43: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,  // 44: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	76, // 45: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	80, // 46: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	83, // 47: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	85, // 48: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,  // 49: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 50: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 51: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 52: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 53: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 54: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 55: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 56: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 57: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 58: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 59: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 60: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 61: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 62: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 63: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 64: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 65: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 66: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 67: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 68: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 69: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 70: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 71: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	82, // 72: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	45, // 73: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 74: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 75: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	53, // 76: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	55, // 77: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	65, // 78: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	60, // 79: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	62, // 80: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	68, // 81: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	72, // 82: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	72, // 83: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	74, // 84: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	77, // 85: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	79, // 86: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,  // 87: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 88: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 89: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 90: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 91: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 92: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 93: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 94: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 95: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 96: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 97: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 98: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 99: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 100: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 101: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 102: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 103: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 104: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 105: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 106: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 107: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 108: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 109: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	84, // 110: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	46, // 111: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 112: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 113: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	54, // 114: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	56, // 115: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	59, // 116: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	61, // 117: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	63, // 118: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	69, // 119: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	73, // 120: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	73, // 121: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	75, // 122: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	78, // 123: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	81, // 124: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	87, // [87:125] is the sub-list for method output_type
-	49, // [49:87] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	5,  // 11: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
+	5,  // 12: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
+	3,  // 13: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
+	3,  // 14: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
+	3,  // 15: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
+	5,  // 16: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
+	23, // 17: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
+	3,  // 18: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
+	3,  // 19: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
+	3,  // 20: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
+	3,  // 21: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 22: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 23: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 24: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
+	3,  // 25: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,  // 26: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
+	4,  // 27: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
+	3,  // 28: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,  // 29: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
+	4,  // 30: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
+	52, // 31: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	51, // 32: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 33: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	51, // 34: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	59, // 35: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	58, // 36: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	57, // 37: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	59, // 38: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	67, // 39: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	66, // 40: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,  // 41: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	64, // 42: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	57, // 43: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	70, // 44: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	71, // 45: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,  // 46: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	76, // 47: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	80, // 48: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	83, // 49: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	85, // 50: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,  // 51: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,  // 52: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10, // 53: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11, // 54: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13, // 55: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	14, // 56: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	14, // 57: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	16, // 58: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	18, // 59: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	19, // 60: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	20, // 61: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	22, // 62: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	25, // 63: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	26, // 64: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	28, // 65: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	30, // 66: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	31, // 67: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	33, // 68: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	35, // 69: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	37, // 70: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	39, // 71: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	41, // 72: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	43, // 73: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	82, // 74: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	45, // 75: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	47, // 76: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	49, // 77: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	53, // 78: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	55, // 79: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	65, // 80: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	60, // 81: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	62, // 82: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	68, // 83: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	72, // 84: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	72, // 85: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	74, // 86: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	77, // 87: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	79, // 88: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,  // 89: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,  // 90: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,  // 91: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12, // 92: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	8,  // 93: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	15, // 94: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	15, // 95: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	17, // 96: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,  // 97: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,  // 98: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	21, // 99: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	24, // 100: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,  // 101: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	27, // 102: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	29, // 103: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,  // 104: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	32, // 105: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	34, // 106: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	36, // 107: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	38, // 108: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	40, // 109: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	42, // 110: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	44, // 111: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	84, // 112: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	46, // 113: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	48, // 114: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	50, // 115: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	54, // 116: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	56, // 117: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	59, // 118: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	61, // 119: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	63, // 120: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	69, // 121: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	73, // 122: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	73, // 123: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	75, // 124: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	78, // 125: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	81, // 126: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	89, // [89:127] is the sub-list for method output_type
+	51, // [51:89] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
