@@ -74,7 +74,8 @@ type queuedCall struct {
 	reply  proto.Message
 	done   chan error // gets the outcome once
 
-	background bool // nobody waits for it (see backgroundKey)
+	background bool   // nobody waits for it (see backgroundKey)
+	reqID      string // its request id once sent with one (several meta servers)
 }
 
 // backgroundKey marks the context of a call nobody waits for (the
@@ -200,7 +201,10 @@ func (b *batcher) request(calls []*queuedCall) (*weftv1.BatchRequest, []*queuedC
 		}
 		call := &weftv1.BatchCall{Method: q.name, Request: body}
 		if multi && mutating[q.name] {
-			call.RequestId = newRequestID()
+			if q.reqID == "" {
+				q.reqID = newRequestID()
+			}
+			call.RequestId = q.reqID // the same in every try
 		}
 		req.Calls = append(req.Calls, call)
 		live = append(live, q)
@@ -291,7 +295,11 @@ func (b *batcher) sendAlone(calls []*queuedCall) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			q.done <- b.m.invokeAlone(q.ctx, q.method, q.args, q.reply)
+			ctx := q.ctx
+			if q.reqID != "" {
+				ctx = context.WithValue(ctx, requestIDKey{}, q.reqID)
+			}
+			q.done <- b.m.invokeAlone(ctx, q.method, q.args, q.reply)
 		}()
 	}
 	wg.Wait()

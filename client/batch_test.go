@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/weft-fs/weft/internal/fserr"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -234,4 +236,86 @@ func statusWithErrno(t *testing.T, code codes.Code, msg string, e syscall.Errno)
 		t.Fatal(err)
 	}
 	return st
+}
+
+// cutAfterAnswer is a TCP proxy to a lean path that lets requests through
+// and breaks both connections as soon as the server starts to answer
+// (after the preface): every call through it is applied by the server
+// and cut off before its answer reaches the client.
+func cutAfterAnswer(t *testing.T, upstream string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			down, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := down.Read(buf)
+					if n > 0 {
+						up.Write(buf[:n])
+					}
+					if err != nil {
+						up.Close()
+						return
+					}
+				}
+			}()
+			go func() {
+				defer down.Close()
+				defer up.Close()
+				pre := make([]byte, 8)
+				if _, err := io.ReadFull(up, pre); err != nil {
+					return
+				}
+				down.Write(pre)
+				one := make([]byte, 1)
+				up.Read(one) // the first byte of an answer: cut
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestLeanPathCutOffRetriesOnce: with several meta servers, a call cut off
+// on the lean path after the meta service applied it is sent again over
+// gRPC with the same request id, so it is not applied twice: the mkdir
+// and the rename succeed (their results read back) instead of failing
+// with EEXIST and ENOENT.
+func TestLeanPathCutOffRetriesOnce(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	// A second address makes the client send request ids; nobody is there.
+	c := newTestClient(t, tc.metaAddr+","+deadAddress(t), Config{})
+	ctx := context.Background()
+	w := c.conn.batch.lean.Load()
+	if w == nil {
+		t.Fatal("the session answer named no lean path")
+	}
+	c.conn.learnWire(cutAfterAnswer(t, wire.ParseAddr(w.Addr()).TCP))
+	d, err := c.Mkdir(ctx, root, 1, "cut", 0o755)
+	if err != nil {
+		t.Fatalf("mkdir cut off after it was applied: %v", err)
+	}
+	if got, err := c.Lookup(ctx, root, 1, "cut"); err != nil || got.Ino != d.Ino {
+		t.Fatalf("lookup after the mkdir: %v, %v; mkdir answered inode %d", got, err, d.Ino)
+	}
+	c.conn.learnWire(cutAfterAnswer(t, wire.ParseAddr(w.Addr()).TCP))
+	if err := c.Rename(ctx, root, 1, "cut", 1, "moved", 0); err != nil {
+		t.Fatalf("rename cut off after it was applied: %v", err)
+	}
+	if _, err := c.Lookup(ctx, root, 1, "moved"); err != nil {
+		t.Errorf("lookup of the renamed directory: %v", err)
+	}
 }

@@ -265,11 +265,18 @@ func (m *metaConn) invokeAlone(ctx context.Context, method string, args, reply a
 	}
 	name := strings.TrimPrefix(method, metaMethod)
 	retry := idempotent[name]
+	sent := false // a try of this call may have reached a meta server
 	if mutating[name] {
 		retry = true
-		ctx = metadata.AppendToOutgoingContext(ctx, mdRequestID, newRequestID())
+		id, tried := ctx.Value(requestIDKey{}).(string)
+		if !tried {
+			id = newRequestID()
+		}
+		// A call tried before (on the lean path) keeps its id, so the meta
+		// service applies it once, and may have been applied.
+		sent = tried
+		ctx = metadata.AppendToOutgoingContext(ctx, mdRequestID, id)
 	}
-	sent := false // a try of this call may have reached a meta server
 	tried := 0
 	for {
 		if ready(ctx, cc) {
@@ -348,6 +355,10 @@ func (m *metaConn) readBack(ctx context.Context, name string, args, reply any) e
 	}
 	return nil
 }
+
+// requestIDKey carries the request id a call was sent with before (on the
+// lean path), for a try over gRPC.
+type requestIDKey struct{}
 
 // newRequestID makes a request id: the time first, so the meta service
 // can drop old ids in order.
