@@ -2,7 +2,6 @@ package data
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 
@@ -25,17 +24,9 @@ func (s *Server) listenWire(lis net.Listener) (net.Listener, string, error) {
 			"advertise", s.cfg.Advertise)
 		return nil, "", nil
 	}
-	addr := s.cfg.WireListen
-	if addr == "" {
-		host, _, err := net.SplitHostPort(lis.Addr().String())
-		if err != nil {
-			return nil, "", fmt.Errorf("lean data path: gRPC listener address %s: %w", lis.Addr(), err)
-		}
-		addr = net.JoinHostPort(host, "0")
-	}
-	wl, err := net.Listen("tcp", addr)
+	wl, err := wire.ListenTCP(lis.Addr(), s.cfg.WireListen, "lean data path")
 	if err != nil {
-		return nil, "", fmt.Errorf("lean data path: listen on %s (set another --wire-listen address, or off): %w", addr, err)
+		return nil, "", err
 	}
 	if s.cfg.WireAdvertise != "" {
 		wl, a := s.withUnix(wl, s.cfg.WireAdvertise)

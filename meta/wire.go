@@ -3,7 +3,6 @@ package meta
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"path/filepath"
 
@@ -52,17 +51,9 @@ func (s *Service) listenWire(lis net.Listener) (net.Listener, string, error) {
 			"advertise", advertise)
 		return nil, "", nil
 	}
-	addr := s.cfg.WireListen
-	if addr == "" {
-		host, _, err := net.SplitHostPort(lis.Addr().String())
-		if err != nil {
-			return nil, "", fmt.Errorf("meta lean path: gRPC listener address %s: %w", lis.Addr(), err)
-		}
-		addr = net.JoinHostPort(host, "0")
-	}
-	wl, err := net.Listen("tcp", addr)
+	wl, err := wire.ListenTCP(lis.Addr(), s.cfg.WireListen, "meta lean path")
 	if err != nil {
-		return nil, "", fmt.Errorf("meta lean path: listen on %s (set another --wire-listen address, or off): %w", addr, err)
+		return nil, "", err
 	}
 	a := wire.Addr{TCP: wl.Addr().String()}
 	if s.cfg.WireAdvertise != "" {
