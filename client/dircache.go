@@ -180,20 +180,30 @@ func (d *dirCache) add(dir uint64, name string, created bool, ctimeNs int64) {
 		a.MtimeNs, a.CtimeNs = ctimeNs, ctimeNs
 		d.attrs[dir] = a
 	}
+	d.setNameLocked(dir, name, true)
+}
+
+// setNameLocked adds (added) or removes name in dir's complete name set,
+// if dir has one; a set that would grow past the bounds is dropped.
+func (d *dirCache) setNameLocked(dir uint64, name string, added bool) {
 	set, ok := d.dirs[dir]
 	if !ok {
 		return
 	}
-	if _, had := set[name]; had {
-		return
+	_, had := set[name]
+	switch {
+	case !added && had:
+		delete(set, name)
+		d.names--
+	case added && !had:
+		if len(set) >= maxDirNames || d.names >= maxCompleteNames {
+			d.names -= len(set)
+			delete(d.dirs, dir)
+			return
+		}
+		set[name] = struct{}{}
+		d.names++
 	}
-	if len(set) >= maxDirNames || d.names >= maxCompleteNames {
-		d.names -= len(set)
-		delete(d.dirs, dir)
-		return
-	}
-	set[name] = struct{}{}
-	d.names++
 }
 
 // entryChange is one name this client added (added) or removed in dir,
@@ -224,24 +234,7 @@ func (d *dirCache) changeEntries(tok uint64, changes ...entryChange) {
 		} else {
 			delete(d.attrs, ch.dir)
 		}
-		set, ok := d.dirs[ch.dir]
-		if !ok {
-			continue
-		}
-		_, had := set[ch.name]
-		switch {
-		case !ch.added && had:
-			delete(set, ch.name)
-			d.names--
-		case ch.added && !had:
-			if len(set) >= maxDirNames || d.names >= maxCompleteNames {
-				d.names -= len(set)
-				delete(d.dirs, ch.dir)
-				continue
-			}
-			set[ch.name] = struct{}{}
-			d.names++
-		}
+		d.setNameLocked(ch.dir, ch.name, ch.added)
 	}
 }
 

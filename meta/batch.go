@@ -63,8 +63,8 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 	// commits several together; on etcd each is a round trip of its own,
 	// and holding them would only make each wait for the slowest call.
 	var g *updateGroup
-	if _, ok := s.eng.(kv.GroupUpdater); ok {
-		g = newUpdateGroup(s.eng, len(req.Calls))
+	if gu, ok := s.eng.(kv.GroupUpdater); ok {
+		g = newUpdateGroup(gu, len(req.Calls))
 		ctx = context.WithValue(ctx, updateGroupKey{}, g)
 	}
 	var wg sync.WaitGroup

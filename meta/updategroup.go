@@ -13,7 +13,7 @@ import (
 // one by one they would mostly commit in groups of one or two, each with
 // its own sync and wake-ups. An updateGroup holds the transactions of a
 // batch's calls until every call still running is waiting for its
-// transaction, then hands them all to the engine at once (kv.UpdateAll),
+// transaction, then hands them all to the engine at once (UpdateAll),
 // so a batch commits together. A call that is busy elsewhere (a view, the
 // cluster manager) keeps the others waiting at most groupLinger.
 
@@ -25,7 +25,7 @@ type updateGroupKey struct{}
 
 // updateGroup gathers the transactions of one batch's calls.
 type updateGroup struct {
-	eng kv.Engine
+	eng kv.GroupUpdater
 
 	mu      sync.Mutex
 	running int           // calls of the batch not yet finished
@@ -40,7 +40,7 @@ type heldUpdate struct {
 	done chan error
 }
 
-func newUpdateGroup(eng kv.Engine, calls int) *updateGroup {
+func newUpdateGroup(eng kv.GroupUpdater, calls int) *updateGroup {
 	return &updateGroup{eng: eng, running: calls}
 }
 
@@ -96,7 +96,7 @@ func (g *updateGroup) handOver() {
 	for i, h := range held {
 		ctxs[i], fns[i] = h.ctx, h.fn
 	}
-	for i, err := range kv.UpdateAll(g.eng, ctxs, fns) {
+	for i, err := range g.eng.UpdateAll(ctxs, fns) {
 		held[i].done <- err
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-fs/weft/client"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -22,13 +23,11 @@ func needFUSE(t *testing.T) {
 	}
 }
 
-// TestCreateMetaCalls counts the meta calls of creating files in a
-// directory this mount made: with callbacks live, the kernel's lookup of
-// the new name is answered from the complete directory, so each create
-// costs the CREATE and its release sent in the background (releases
-// queued together share a call).
-func TestCreateMetaCalls(t *testing.T) {
-	needFUSE(t)
+// mountFreshDir mounts a new cluster and makes a directory through the
+// mount (so the mount knows it completely), with the kernel's cache of the
+// root's attributes warm again.
+func mountFreshDir(t *testing.T) (*testCluster, string, *client.Client) {
+	t.Helper()
 	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
 	dir, c, _ := mountWith(t, tc, Options{})
 	d := filepath.Join(dir, "fresh")
@@ -40,6 +39,35 @@ func TestCreateMetaCalls(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(d, "warm")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stat of a missing name: %v", err)
 	}
+	return tc, d, c
+}
+
+// checkDirAttrs checks that what the kernel shows of directory d (link
+// count, times) is what the meta service holds.
+func checkDirAttrs(t *testing.T, tc *testCluster, d, when string) {
+	t.Helper()
+	var got syscall.Stat_t
+	if err := syscall.Stat(d, &got); err != nil {
+		t.Fatal(err)
+	}
+	want, err := tc.Meta().GetAttr(tc.Context(), &weftv1.GetAttrRequest{Ino: got.Ino})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(got.Nlink) != uint64(want.Attr.Nlink) || got.Mtim.Nano() != want.Attr.MtimeNs || got.Ctim.Nano() != want.Attr.CtimeNs {
+		t.Fatalf("%s %s shows nlink %d, mtime %d, ctime %d; the meta service holds %d, %d, %d",
+			when, d, got.Nlink, got.Mtim.Nano(), got.Ctim.Nano(), want.Attr.Nlink, want.Attr.MtimeNs, want.Attr.CtimeNs)
+	}
+}
+
+// TestCreateMetaCalls counts the meta calls of creating files in a
+// directory this mount made: with callbacks live, the kernel's lookup of
+// the new name is answered from the complete directory, so each create
+// costs the CREATE and its release sent in the background (releases
+// queued together share a call).
+func TestCreateMetaCalls(t *testing.T) {
+	needFUSE(t)
+	_, d, c := mountFreshDir(t)
 	const n = 100
 	calls, local, released := c.MetaCalls(), c.LocalLookups(), c.ReleasesSent()
 	for i := range n {
@@ -149,15 +177,7 @@ func TestCompleteDirAcrossMounts(t *testing.T) {
 // shows (link count, times) is what the meta service holds.
 func TestNamespaceChangesMetaCalls(t *testing.T) {
 	needFUSE(t)
-	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
-	dir, c, _ := mountWith(t, tc, Options{})
-	d := filepath.Join(dir, "tree")
-	if err := os.Mkdir(d, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(d, "warm")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("stat of a missing name: %v", err)
-	}
+	tc, d, c := mountFreshDir(t)
 	f, err := os.Create(filepath.Join(d, "file"))
 	if err != nil {
 		t.Fatal(err)
@@ -181,19 +201,7 @@ func TestNamespaceChangesMetaCalls(t *testing.T) {
 			if err := st.do(i); err != nil {
 				t.Fatalf("%s %d: %v", st.name, i, err)
 			}
-			// What the kernel shows of the directory right after.
-			var got syscall.Stat_t
-			if err := syscall.Stat(d, &got); err != nil {
-				t.Fatal(err)
-			}
-			want, err := tc.Meta().GetAttr(tc.Context(), &weftv1.GetAttrRequest{Ino: got.Ino})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if uint64(got.Nlink) != uint64(want.Attr.Nlink) || got.Mtim.Nano() != want.Attr.MtimeNs || got.Ctim.Nano() != want.Attr.CtimeNs {
-				t.Fatalf("after %s %d the directory shows nlink %d, mtime %d, ctime %d; the meta service holds %d, %d, %d",
-					st.name, i, got.Nlink, got.Mtim.Nano(), got.Ctim.Nano(), want.Attr.Nlink, want.Attr.MtimeNs, want.Attr.CtimeNs)
-			}
+			checkDirAttrs(t, tc, d, fmt.Sprintf("after %s %d", st.name, i))
 		}
 		if got := int(c.MetaCalls() - calls); got > st.calls*n+2 {
 			t.Errorf("%d %ss made %d meta calls, want at most %d", n, st.name, got, st.calls*n+2)
@@ -225,20 +233,6 @@ func TestRenameMetaCalls(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(b, "warm")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stat of a missing name: %v", err)
 	}
-	check := func(d string) {
-		t.Helper()
-		var got syscall.Stat_t
-		if err := syscall.Stat(d, &got); err != nil {
-			t.Fatal(err)
-		}
-		want, err := tc.Meta().GetAttr(tc.Context(), &weftv1.GetAttrRequest{Ino: got.Ino})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if uint64(got.Nlink) != uint64(want.Attr.Nlink) || got.Mtim.Nano() != want.Attr.MtimeNs {
-			t.Fatalf("%s shows nlink %d, mtime %d; the meta service holds %d, %d", d, got.Nlink, got.Mtim.Nano(), want.Attr.Nlink, want.Attr.MtimeNs)
-		}
-	}
 	calls := c.MetaCalls()
 	for i := range n {
 		// Within a directory, then across.
@@ -249,8 +243,8 @@ func TestRenameMetaCalls(t *testing.T) {
 		if err := os.Rename(from+".tmp", filepath.Join(b, fmt.Sprint("f", i))); err != nil {
 			t.Fatal(err)
 		}
-		check(a)
-		check(b)
+		checkDirAttrs(t, tc, a, fmt.Sprint("after rename ", i))
+		checkDirAttrs(t, tc, b, fmt.Sprint("after rename ", i))
 	}
 	if got := int(c.MetaCalls() - calls); got > 2*n+4 {
 		t.Errorf("%d renames made %d meta calls, want at most %d", 2*n, got, 2*n+4)

@@ -7,7 +7,6 @@ package kv
 import (
 	"context"
 	"errors"
-	"sync"
 )
 
 // ErrConflict is returned by Engine.Update when the transaction collided
@@ -81,30 +80,11 @@ func GetMany(t Txn, keys [][]byte) (values [][]byte, found []bool, err error) {
 
 // GroupUpdater is implemented by engines that commit several
 // transactions handed over together in one go (pebble: one commit group,
-// one sync). Use UpdateAll, which falls back to concurrent Updates.
+// one sync).
 type GroupUpdater interface {
 	// UpdateAll runs each fns[i] as Update(ctxs[i], fns[i]) would, all
 	// submitted at once, and returns each one's outcome.
 	UpdateAll(ctxs []context.Context, fns []func(Txn) error) []error
-}
-
-// UpdateAll runs fns as separate transactions: together if e is a
-// GroupUpdater, else as concurrent Updates. errs[i] is fns[i]'s outcome.
-func UpdateAll(e Engine, ctxs []context.Context, fns []func(Txn) error) []error {
-	if g, ok := e.(GroupUpdater); ok {
-		return g.UpdateAll(ctxs, fns)
-	}
-	errs := make([]error, len(fns))
-	var wg sync.WaitGroup
-	for i, fn := range fns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = e.Update(ctxs[i], fn)
-		}()
-	}
-	wg.Wait()
-	return errs
 }
 
 // ErrReadOnly is returned by Set and Delete inside View.
