@@ -255,7 +255,10 @@ func TestSupervisorRestartsAChildThatDies(t *testing.T) {
 	c := &child{
 		name: "test server", dir: dir, logPath: filepath.Join(dir, "test.log"), listen: "127.0.0.1:0",
 		args: func(listen string) []string {
-			return []string{"-c", "echo listening on " + listen + "; echo " + listen + " > " + filepath.Join(dir, "address") + "; exec sleep 60"}
+			// The address file appears whole, as weft's daemons write it
+			// (a reader must never see it empty).
+			addr := filepath.Join(dir, "address")
+			return []string{"-c", "echo listening on " + listen + "; echo " + listen + " > " + addr + ".tmp; mv " + addr + ".tmp " + addr + "; exec sleep 60"}
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
