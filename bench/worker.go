@@ -28,6 +28,11 @@ type task struct {
 	Truncate bool   `json:"truncate"`  // data write: start from an empty file
 	NoFsync  bool   `json:"no_fsync"`  // data write: skip the final fsync
 	Cold     string `json:"cold"`      // "fadvise": drop this file's cached pages before the barrier
+	// Warm: before the barrier, open the file, read the region whole and
+	// close it, as a program that read the file just before; re-read
+	// then measures what the file system keeps of it across opens
+	// (whatever other targets' cold reads dropped meanwhile).
+	Warm bool `json:"warm,omitempty"`
 	Total    int64  `json:"total_cap"` // random workloads: bytes to move (default Size)
 }
 
@@ -141,6 +146,11 @@ func prepareData(t *task) (runFunc, func(), error) {
 	if t.Record <= 0 || t.Size < t.Record {
 		return nil, nil, fmt.Errorf("record %d and size %d do not fit", t.Record, t.Size)
 	}
+	if t.Warm {
+		if err := readRegion(t); err != nil {
+			return nil, nil, err
+		}
+	}
 	flags := unix.O_RDONLY
 	write := t.Kind == WSeqWrite || t.Kind == WRandWrite || t.Kind == WSharedWrite || t.Kind == WMixed
 	if write {
@@ -219,6 +229,23 @@ func prepareData(t *task) (runFunc, func(), error) {
 		return moved, int64(len(offs)), nil
 	}
 	return run, cleanup, nil
+}
+
+// readRegion reads the task's region of its file once, through an open
+// of its own.
+func readRegion(t *task) error {
+	f, err := os.Open(t.Path)
+	if err != nil {
+		return fmt.Errorf("warm %s: %w", t.Path, err)
+	}
+	defer f.Close()
+	buf := make([]byte, min(t.Record, 8<<20))
+	for off := t.Offset; off < t.Offset+t.Size; off += int64(len(buf)) {
+		if _, err := f.ReadAt(buf[:min(int64(len(buf)), t.Offset+t.Size-off)], off); err != nil {
+			return fmt.Errorf("warm %s at offset %d: %w", t.Path, off, err)
+		}
+	}
+	return nil
 }
 
 // prepareMeta builds the names of a metadata task.

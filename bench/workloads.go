@@ -11,7 +11,7 @@ import (
 const (
 	WSeqWrite    = "seq-write"     // sequential write of a new file, fsync at the end (counted)
 	WSeqRead     = "seq-read-cold" // sequential read with the page cache dropped first
-	WReRead      = "re-read"       // sequential read again, page cache warm
+	WReRead      = "re-read"       // sequential read of a file another process has just read whole (untimed)
 	WRandRead    = "rand-read"     // every record once in random order (cold)
 	WStrided     = "strided-read"  // read one record, skip one (cold)
 	WRandWrite   = "rand-write"    // every record once in random order, fsync at the end
@@ -124,7 +124,7 @@ func plan(cfg *Config) []step {
 							tasks: func(target string) []task {
 								ts := make([]task, procs)
 								for i := range ts {
-									ts[i] = task{Kind: w, Path: fileOf(target, i), Record: rec, Size: fs, Seed: uint64(i + 1), Truncate: w == WSeqWrite}
+									ts[i] = task{Kind: w, Path: fileOf(target, i), Record: rec, Size: fs, Seed: uint64(i + 1), Truncate: w == WSeqWrite, Warm: w == WReRead}
 								}
 								return ts
 							}})

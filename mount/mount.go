@@ -60,6 +60,10 @@ type Options struct {
 	Debug bool
 	// FsName is shown in /proc/mounts and df; default "weft".
 	FsName string
+	// KernelReadAhead is the kernel's read-ahead window of the mount
+	// (SetKernelReadAhead; needs root); 0: DefaultKernelReadAhead,
+	// negative: the kernel's own 128 KiB.
+	KernelReadAhead int64
 }
 
 // FS is a mounted weft file system.
@@ -104,7 +108,7 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		AllowOther:    opts.AllowOther,
 		MaxWrite:      maxWrite,
 		MaxBackground: 64,
-		MaxReadAhead:  4 << 20, // a ceiling: the kernel offers FUSE its default (128 KiB) and this cannot raise it
+		MaxReadAhead:  4 << 20, // a ceiling: the kernel offers FUSE 128 KiB and this cannot raise it (SetKernelReadAhead does)
 		DisableSplice: true,    // replies are bytes: splicing them costs 3 syscalls per read for nothing
 		// The kernel would otherwise ask for a file's attributes before
 		// every read that follows a write, to see whether its cached
@@ -147,6 +151,14 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		_ = srv.Unmount()
 		<-m.done
 		return nil, fmt.Errorf("mount weft at %s: %w", mp, err)
+	}
+	if ra := opts.KernelReadAhead; ra >= 0 {
+		if ra == 0 {
+			ra = DefaultKernelReadAhead
+		}
+		if err := SetKernelReadAhead(mp, uint64(ra)); err != nil {
+			fs.log.Info("the kernel's read-ahead stays at its default, so sequential reads come in 128 KiB requests", "err", err)
+		}
 	}
 	// The notifier also drops the pages of files found changed without
 	// callbacks (fs.remember).

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/weft-fs/weft/client"
+	"github.com/weft-fs/weft/mount"
 )
 
 func TestClientSettingsSizes(t *testing.T) {
@@ -56,6 +57,42 @@ func TestClientSettingsLocalReads(t *testing.T) {
 		s.apply(&cfg)
 		if cfg.NoLocalReads != tt.want {
 			t.Errorf("%v: NoLocalReads = %v, want %v", tt.args, cfg.NoLocalReads, tt.want)
+		}
+	}
+}
+
+// --kernel-read-ahead reaches the mount's options: 1 MiB by default, the
+// kernel's own with 0, and bad or too large sizes are refused.
+func TestCacheSettingsKernelReadAhead(t *testing.T) {
+	for _, tt := range []struct {
+		args    []string
+		want    int64
+		wantErr bool
+	}{
+		{nil, 1 << 20, false},
+		{[]string{"--kernel-read-ahead", "4MiB"}, 4 << 20, false},
+		{[]string{"--kernel-read-ahead", "0"}, -1, false},
+		{[]string{"--kernel-read-ahead", "lots"}, 0, true},
+		{[]string{"--kernel-read-ahead", "1GiB"}, 0, true},
+	} {
+		cmd := &cobra.Command{Use: "x"}
+		var s cacheSettings
+		s.addFlags(cmd)
+		if err := cmd.ParseFlags(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		err := s.check()
+		if (err != nil) != tt.wantErr {
+			t.Errorf("%v: error %v, want error %v", tt.args, err, tt.wantErr)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		var opts mount.Options
+		s.apply(&opts)
+		if opts.KernelReadAhead != tt.want {
+			t.Errorf("%v: KernelReadAhead = %d, want %d", tt.args, opts.KernelReadAhead, tt.want)
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
+
+	"github.com/weft-fs/weft/mount"
 )
 
 // loopbackFlags are the flags of "weft loopback".
@@ -16,6 +18,7 @@ type loopbackFlags struct {
 	passthrough bool
 	splice      bool
 	debug       bool
+	readAhead   string
 }
 
 func newLoopbackCmd() *cobra.Command {
@@ -24,8 +27,8 @@ func newLoopbackCmd() *cobra.Command {
 		Use:   "loopback [flags] SRC MNT",
 		Short: "Mount SRC at MNT through a plain FUSE loopback (the baseline of weft bench)",
 		Long: `Mount the directory SRC at MNT through go-fuse's loopback file system, tuned as
-a network client would be (1 MiB requests, 64 background requests) and with
-kernel passthrough off, so every read and write goes through this process:
+a network client would be (1 MiB requests, a 1 MiB kernel read-ahead as weft
+mounts have, 64 background requests) and with kernel passthrough off, so every read and write goes through this process:
 the FUSE cost weft is compared against. --passthrough lets the kernel read
 and write the backing files directly instead.
 
@@ -42,12 +45,18 @@ Example:
 	cmd.Flags().BoolVar(&f.passthrough, "passthrough", false, "let the kernel do reads and writes on the backing files (FUSE passthrough)")
 	cmd.Flags().BoolVar(&f.splice, "splice", true, "answer reads by splicing the backing file's pages to the kernel (no copy in this process); false: read them into a buffer and write that")
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	cmd.Flags().StringVar(&f.readAhead, "kernel-read-ahead", formatSize(mount.DefaultKernelReadAhead),
+		"the kernel's read-ahead window of the mount, as weft mounts set it (needs root; 0: leave the kernel's 128 KiB)")
 	return cmd
 }
 
 // runLoopback mounts, waits for the context and unmounts.
 func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
-	src, err := filepath.Abs(src)
+	readAhead, err := parseSize(f.readAhead)
+	if err != nil {
+		return usagef("--kernel-read-ahead: %v", err)
+	}
+	src, err = filepath.Abs(src)
 	if err != nil {
 		return failure("find "+src, err, "give an existing directory")
 	}
@@ -86,6 +95,9 @@ func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
 	server, err := fs.Mount(mnt, root, opts)
 	if err != nil {
 		return failure("mount the loopback of "+src+" at "+mnt, err, "check that /dev/fuse exists and fuse3 is installed (fusermount3 when not root)")
+	}
+	if err := mount.SetKernelReadAhead(mnt, readAhead); err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "loopback of %s mounted at %s (passthrough %v); Ctrl-C unmounts\n", src, mnt, f.passthrough)
 	done := make(chan struct{})
