@@ -17,23 +17,23 @@ import (
 // task is what the runner asks one worker process to do. It travels as one
 // JSON line on the worker's stdin.
 type task struct {
-	Kind     string `json:"kind"`      // a workload name (see workloads.go)
-	Path     string `json:"path"`      // file (data) or directory (metadata, tree)
-	Record   int64  `json:"record"`    // bytes per I/O
-	Size     int64  `json:"size"`      // bytes of the region this worker touches
-	Offset   int64  `json:"offset"`    // start of the region in the file
-	Files    int    `json:"files"`     // metadata: entries per worker; tar: files in the tarball
-	Prefix   string `json:"prefix"`    // metadata: name prefix of this worker's entries
-	Seed     uint64 `json:"seed"`      // pseudo-random offsets and data
-	Truncate bool   `json:"truncate"`  // data write: start from an empty file
-	NoFsync  bool   `json:"no_fsync"`  // data write: skip the final fsync
-	Cold     string `json:"cold"`      // "fadvise": drop this file's cached pages before the barrier
+	Kind     string `json:"kind"`     // a workload name (see workloads.go)
+	Path     string `json:"path"`     // file (data) or directory (metadata, tree)
+	Record   int64  `json:"record"`   // bytes per I/O
+	Size     int64  `json:"size"`     // bytes of the region this worker touches
+	Offset   int64  `json:"offset"`   // start of the region in the file
+	Files    int    `json:"files"`    // metadata: entries per worker; tar: files in the tarball
+	Prefix   string `json:"prefix"`   // metadata: name prefix of this worker's entries
+	Seed     uint64 `json:"seed"`     // pseudo-random offsets and data
+	Truncate bool   `json:"truncate"` // data write: start from an empty file
+	NoFsync  bool   `json:"no_fsync"` // data write: skip the final fsync
+	Cold     string `json:"cold"`     // "fadvise": drop this file's cached pages before the barrier
 	// Warm: before the barrier, open the file, read the region whole and
 	// close it, as a program that read the file just before; re-read
 	// then measures what the file system keeps of it across opens
 	// (whatever other targets' cold reads dropped meanwhile).
-	Warm bool `json:"warm,omitempty"`
-	Total    int64  `json:"total_cap"` // random workloads: bytes to move (default Size)
+	Warm  bool  `json:"warm,omitempty"`
+	Total int64 `json:"total_cap"` // random workloads: bytes to move (default Size)
 }
 
 // workerResult is a worker's answer, one JSON line on its stdout.
