@@ -63,6 +63,9 @@ type localChunk struct {
 	sums     []uint32
 	refs     atomic.Int32 // the inode's list and each reader
 	used     uint64       // localState.tick at its last read
+	// advised is how far into the chunk the kernel was asked to read
+	// the file into its cache (prefetchLocked).
+	advised int64
 }
 
 // release drops a reference, closing the file with the last.
@@ -81,6 +84,10 @@ type localState struct {
 	tick    uint64                   // counts reads, for localChunk.used
 	avoid   map[uint64]uint64        // chunk index -> unix nanos until which it is read through the server
 	pending map[uint64]chan struct{} // opens under way, closed when done
+	// adviseTo is the file offset up to which the last sequential read
+	// wanted the page cache filled (prefetchLocked): a chunk opened ahead
+	// is prefetched up to there when its open completes.
+	adviseTo uint64
 }
 
 // localReads reports whether this client reads in place at all.
@@ -147,6 +154,52 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 	}
 }
 
+// prefetchLocked asks the kernel to read the bytes [from, to) of the
+// file into its cache from the chunk files open in place
+// (POSIX_FADV_WILLNEED), as read-ahead would fetch them from a remote
+// server: on a disk the reader then finds them in memory. [from, to) is
+// the sequential reader's read-ahead window, so what is prefetched grows
+// with the stream and a reader that skips part of each record does not
+// make the disks read what it skips. Chunks still opening are prefetched
+// when their open completes. Called with in.mu held.
+func (in *inode) prefetchLocked(layout *weftv1.Layout, from, to uint64) {
+	in.local.adviseTo = to
+	cs := uint64(layout.ChunkSize)
+	var todo []prefetch
+	for idx := from / cs; idx*cs < to; idx++ {
+		lc := in.local.chunks[idx]
+		if lc == nil || lc.file == nil {
+			continue
+		}
+		lo := max(int64(max(from, idx*cs)-idx*cs), lc.advised)
+		hi := min(int64(min(to, (idx+1)*cs)-idx*cs), lc.length)
+		if lo >= hi {
+			continue
+		}
+		lc.advised = hi
+		lc.refs.Add(1)
+		todo = append(todo, prefetch{lc, lo, hi})
+	}
+	if todo != nil {
+		go runPrefetches(todo) // may wait for the disk: not under the lock
+	}
+}
+
+// prefetch is a range of a chunk to read into the page cache.
+type prefetch struct {
+	lc     *localChunk
+	lo, hi int64
+}
+
+// runPrefetches gives the kernel each range (a hint: nothing to do if
+// refused) and drops the references prefetchLocked took.
+func runPrefetches(todo []prefetch) {
+	for _, p := range todo {
+		_ = unix.Fadvise(int(p.lc.file.Fd()), p.lo, p.hi-p.lo, unix.FADV_WILLNEED)
+		p.lc.release()
+	}
+}
+
 // avoidedLocked reports whether chunk idx is read through the server for
 // now.
 func (in *inode) avoidedLocked(idx uint64) bool {
@@ -180,6 +233,7 @@ func (in *inode) dropLocalLocked() {
 	in.local.gen++
 	in.local.avoid = nil
 	in.local.pending = nil
+	in.local.adviseTo = 0
 }
 
 // dropWrittenLocked forgets chunk idx and an open of it under way: a
@@ -234,10 +288,9 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 // chunk is then in the inode's list, unless the open failed or the list
 // was dropped meanwhile.
 //
-// With ahead (a sequential reader will want all of it), the kernel is
-// asked to read the chunk's file into its cache now (POSIX_FADV_WILLNEED),
-// as read-ahead would fetch it from a remote server: on a disk, the
-// reader then finds it in memory.
+// With ahead (opened ahead of a sequential reader), the part of the
+// chunk the reader's read-ahead window already covers is prefetched
+// (prefetchLocked).
 func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify, ahead bool) chan struct{} {
 	if in.local.pending == nil {
 		in.local.pending = make(map[uint64]chan struct{})
@@ -273,14 +326,19 @@ func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wir
 			file: opened.File, length: opened.Length, sums: opened.Sums}
 		if lc.file != nil {
 			c.localOpen.Add(1)
-			if ahead && lc.length > 0 {
-				_ = unix.Fadvise(int(lc.file.Fd()), 0, lc.length, unix.FADV_WILLNEED) // a hint: nothing to do if refused
-			}
 		}
 		lc.refs.Store(1) // the list's
 		if !current {
 			lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
 			return
+		}
+		if start := idx * uint64(layout.ChunkSize); ahead && lc.file != nil && in.local.adviseTo > start {
+			// The reader's window already reaches into it.
+			if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
+				lc.advised = hi
+				lc.refs.Add(1)
+				go runPrefetches([]prefetch{{lc, 0, hi}})
+			}
 		}
 		if old := in.local.chunks[idx]; old != nil {
 			in.dropChunkLocked(old) // the verified open replaces it

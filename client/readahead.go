@@ -133,10 +133,13 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 		return
 	}
 	st := in.streamLocked(off, n)
+	w := raWindowFor(st.seq, limit)
 	if st.seq > n {
 		in.openAheadLocked(layout, size, off+n)
+		if w > 0 && in.c.localReads() {
+			in.prefetchLocked(layout, off+n, min(size, off+n+w))
+		}
 	}
-	w := raWindowFor(st.seq, limit)
 	st.window = w
 	in.raState.maxWindow = max(in.raState.maxWindow, w)
 	if w == 0 {

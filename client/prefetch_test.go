@@ -1,0 +1,139 @@
+package client
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// cachedShare returns the share of the bytes of files that is in the
+// page cache.
+func cachedShare(t *testing.T, files []string) float64 {
+	t.Helper()
+	var cached, total int
+	page := os.Getpagesize()
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		if st.Size() == 0 {
+			f.Close()
+			continue
+		}
+		mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vec := make([]byte, (len(mem)+page-1)/page)
+		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0])))
+		unix.Munmap(mem)
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		for _, v := range vec {
+			cached += int(v & 1)
+		}
+		total += len(vec)
+	}
+	return float64(cached) / float64(max(total, 1))
+}
+
+// dropCached writes files out and drops them from the page cache.
+func dropCached(t *testing.T, files []string) {
+	t.Helper()
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+}
+
+// A reader in place has the data servers' files prefetched into the page
+// cache ahead of it only as far as its read-ahead window reaches: a
+// sequential reader gets the file ahead of it, a reader of half of each
+// large record does not make the disks read the halves it skips (the
+// over-read a fixed read-ahead causes).
+func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(tc.dataDirs[0], &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type == unix.TMPFS_MAGIC {
+		t.Skip("the data servers' directories are on a tmpfs: nothing to prefetch")
+	}
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{})
+	const size = 64 << 20
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i>>12 + i)
+	}
+	for _, tt := range []struct {
+		name     string
+		run, gap int // bytes read, then skipped
+		atMost   float64
+		atLeast  float64
+	}{
+		{"sequential", size, 0, 1, 0.95},
+		{"half of each 8 MiB record", 4 << 20, 4 << 20, 0.6, 0.5},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := create(t, c, tt.name, syscall.O_RDWR)
+			if _, err := f.WriteAt(ctx, data, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var files []string
+			for idx := uint64(0); idx < size/chunk; idx++ {
+				files = append(files, tc.chunkPath(tc.members(chainFor(f.in.layout, idx))[0], f.Ino(), idx))
+			}
+			dropCached(t, files)
+			if s := cachedShare(t, files); s > 0.1 {
+				t.Skipf("%.2f of the chunk files stay cached after FADV_DONTNEED", s)
+			}
+			g, _ := open(t, c, tt.name, syscall.O_RDONLY)
+			defer g.Release(ctx)
+			before := c.LocalReadBytes()
+			buf := make([]byte, 1<<20) // the kernel's requests
+			for rec := 0; rec < size; rec += tt.run + tt.gap {
+				for off := rec; off < rec+tt.run; off += len(buf) {
+					if _, err := g.ReadAt(ctx, buf, int64(off)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if c.LocalReadBytes() == before {
+				t.Fatal("nothing was read in place")
+			}
+			time.Sleep(200 * time.Millisecond) // prefetches under way
+			s := cachedShare(t, files)
+			t.Logf("%s: %.2f of the file in the page cache after reading %.2f of it", tt.name, s, float64(tt.run)/float64(tt.run+tt.gap))
+			if s > tt.atMost || s < tt.atLeast {
+				t.Errorf("%.2f of the file is in the page cache, want %.2f to %.2f", s, tt.atLeast, tt.atMost)
+			}
+		})
+	}
+}
