@@ -402,6 +402,11 @@ func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte
 // it would.
 func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, version uint64, sums []uint32, err error) {
 	defer t.chunkLocks.lock(id, false)()
+	if !verify {
+		if file, length, version, sums, ok := t.openForReadDirect(id); ok {
+			return file, length, version, sums, nil
+		}
+	}
 	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return nil, 0, 0, nil, err
@@ -438,4 +443,61 @@ func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, v
 		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
 	}
 	return os.NewFile(uintptr(fd), t.chunkPath(id)), f.size, f.hdr.version, sums, nil
+}
+
+// sumsBufPool holds buffers for a whole checksum file (header and the
+// checksums of the largest chunk).
+var sumsBufPool = sync.Pool{New: func() any { return new([headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte) }}
+
+// openForReadDirect is OpenForRead's way for a plain chunk, without the
+// file cache: the data file opened read-only (the descriptor the client
+// gets), its checksum file read whole in one pread. It is about half the
+// system calls of opening the chunk for writing, reopening it read-only
+// and evicting another chunk from the cache, and a sequential reader in
+// place opens one chunk per chunk size it reads. ok is false for anything
+// but a chunk whose header is good and whose data file has the length it
+// says (missing, legacy, damaged, cut short or with an unfinished tail,
+// or any error): the cached way handles, repairs and reports those.
+// Called with the chunk's read lock held.
+func (t *Target) openForReadDirect(id ID) (file *os.File, length int64, version uint64, sums []uint32, ok bool) {
+	path := t.chunkPath(id)
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, 0, nil, false
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			syscall.Close(fd)
+		}
+	}()
+	var st syscall.Stat_t
+	if syscall.Fstat(fd, &st) != nil {
+		return nil, 0, 0, nil, false
+	}
+	cfd, err := syscall.Open(path+".crc", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, 0, nil, false
+	}
+	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
+	defer sumsBufPool.Put(buf)
+	n, err := syscall.Pread(cfd, buf[:], 0)
+	syscall.Close(cfd)
+	if err != nil || n < headerSize {
+		return nil, 0, 0, nil, false
+	}
+	h, err := decodeHeader(buf[:n], st.Size)
+	if err != nil || h.legacy || st.Size != h.length {
+		return nil, 0, 0, nil, false
+	}
+	nblocks := (h.length + BlockSize - 1) / BlockSize
+	if int64(n) < headerSize+nblocks*crcBytes {
+		return nil, 0, 0, nil, false // checksums missing: the cached way reports it
+	}
+	sums = make([]uint32, nblocks)
+	for i := range sums {
+		sums[i] = binary.LittleEndian.Uint32(buf[headerSize+i*crcBytes:])
+	}
+	keep = true
+	return os.NewFile(uintptr(fd), path), h.length, h.version, sums, true
 }

@@ -1,0 +1,143 @@
+package chunk
+
+import (
+	"bytes"
+	"errors"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+)
+
+// TestOpenForRead checks what a client reading in place is given for a
+// chunk in every state its files can be found in, whether the chunk was
+// cached by the store or not: the same answers either way, a plain chunk
+// opened without the file cache, and anything damaged refused as a read
+// of it would be.
+func TestOpenForRead(t *testing.T) {
+	const size = 3*BlockSize + 1000
+	data := pattern(5, size)
+	var want []uint32
+	for off := 0; off < size; off += BlockSize {
+		want = append(want, crc32.Checksum(data[off:min(off+BlockSize, size)], castagnoli))
+	}
+	id := ID{Ino: 9, Index: 1}
+	tests := []struct {
+		name        string
+		write       bool
+		damage      func(t *testing.T, path string)
+		wantFile    bool
+		wantLen     int64
+		wantVersion uint64
+		wantCorrupt bool
+		direct      bool // opened without the file cache
+	}{
+		{name: "plain", write: true, wantFile: true, wantLen: size, wantVersion: 1, direct: true},
+		{name: "missing"},
+		{name: "data cut short", write: true, wantCorrupt: true, damage: func(t *testing.T, p string) {
+			if err := os.Truncate(p, size-100); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "unfinished tail", write: true, wantFile: true, wantLen: size, wantVersion: 1, damage: func(t *testing.T, p string) {
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Write(make([]byte, 5000))
+			f.Close()
+		}},
+		{name: "bad header", write: true, wantCorrupt: true, damage: func(t *testing.T, p string) { flipByte(t, p+".crc", 9) }},
+		{name: "no header (older files)", write: true, wantFile: true, wantLen: size, wantVersion: 0, damage: func(t *testing.T, p string) {
+			b, err := os.ReadFile(p + ".crc")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p+".crc", b[headerSize:], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		for _, cached := range []bool{false, true} {
+			name := tt.name + "/uncached"
+			if cached {
+				name = tt.name + "/cached"
+			}
+			t.Run(name, func(t *testing.T) {
+				dir := t.TempDir()
+				opts := Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+				s, err := Open([]string{dir}, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tg := s.Targets()[0]
+				if tt.write {
+					if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
+						t.Fatal(err)
+					}
+				}
+				path := tg.chunkPath(id)
+				s.Close()
+				if tt.damage != nil {
+					tt.damage(t, path)
+				}
+				s, err = Open([]string{dir}, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				tg = s.Targets()[0]
+				if cached {
+					tg.Read(id, 0, 1) // puts the chunk in the file cache (an error is the test's below)
+				}
+				f, length, version, sums, err := tg.OpenForRead(id, false)
+				if f != nil {
+					defer f.Close()
+				}
+				var ce *CorruptionError
+				if tt.wantCorrupt {
+					if !errors.As(err, &ce) {
+						t.Fatalf("error %v, want a corruption error", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (f != nil) != tt.wantFile {
+					t.Fatalf("file %v, want one: %v", f, tt.wantFile)
+				}
+				if !tt.wantFile {
+					return
+				}
+				if length != tt.wantLen || version != tt.wantVersion {
+					t.Errorf("length %d version %d, want %d and %d", length, version, tt.wantLen, tt.wantVersion)
+				}
+				if len(sums) != len(want) {
+					t.Fatalf("%d checksums, want %d", len(sums), len(want))
+				}
+				for i := range sums {
+					if sums[i] != want[i] {
+						t.Errorf("checksum %d: %08x, want %08x", i, sums[i], want[i])
+					}
+				}
+				got := make([]byte, length)
+				if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+					t.Errorf("read through the descriptor: %v, bytes equal: %v", err, bytes.Equal(got, data))
+				}
+				if _, err := f.WriteAt([]byte{1}, 0); err == nil {
+					t.Error("the descriptor given to a reader can write")
+				}
+				inCache := tg.store.files.get(cacheKey{tg, id})
+				if inCache != nil {
+					tg.store.files.release(inCache)
+				}
+				if !cached && tt.direct && inCache != nil {
+					t.Error("a plain chunk went through the file cache")
+				}
+			})
+		}
+	}
+}
