@@ -273,13 +273,12 @@ func (c *serverConn) run() {
 			continue
 		}
 		if h.op == opOpenChunk {
-			req := getRead(meta[:])
-			verify := le.Uint32(meta[44:])&flagVerify != 0
-			c.running.Add(1)
-			go func() {
-				defer c.running.Done()
-				c.openChunk(h.id, req, verify)
-			}()
+			// Served here, not on a goroutine of its own: a client sends
+			// one open at a time on a connection (localConn), so there
+			// is nothing to overlap, and handing each open to another
+			// goroutine woke another thread per chunk (a sequential
+			// reader in place opens one chunk per MiB).
+			c.openChunk(h.id, getRead(meta[:]), le.Uint32(meta[44:])&flagVerify != 0)
 			continue
 		}
 		var shmData, shmDst []byte
