@@ -1,9 +1,11 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"hash/crc32"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -245,16 +247,18 @@ func (in *inode) dropWrittenLocked(idx uint64) {
 	delete(in.local.pending, idx)
 }
 
-// dropLeastUsedLocked forgets the open chunk read longest ago.
+// dropLeastUsedLocked forgets the quarter of the open chunks read
+// longest ago: one pass over the list per maxLocalChunks/4 opens, not one
+// per open (a sequential reader of a large file opens a chunk per chunk
+// size it reads, and passed the bound long ago).
 func (in *inode) dropLeastUsedLocked() {
-	var lru *localChunk
+	all := make([]*localChunk, 0, len(in.local.chunks))
 	for _, lc := range in.local.chunks {
-		if lru == nil || lc.used < lru.used {
-			lru = lc
-		}
+		all = append(all, lc)
 	}
-	if lru != nil {
-		in.dropChunkLocked(lru)
+	slices.SortFunc(all, func(a, b *localChunk) int { return cmp.Compare(a.used, b.used) })
+	for _, lc := range all[:max(len(all)/4, 1)] {
+		in.dropChunkLocked(lc)
 	}
 }
 
