@@ -118,22 +118,29 @@ func (t *chainTable) localMember(ch *weftv1.Chain) (*weftv1.ChainMember, *wire.C
 // place, and if so opens it ahead of the reader (read-ahead has nothing
 // else to do for it). Called with in.mu held.
 func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
-	c := in.c
-	if !c.localReads() || in.avoidedLocked(idx) || c.localOpen.Load() >= maxLocalOpen {
-		return false
-	}
-	ch := c.chains.get(chainFor(layout, idx))
-	if ch == nil {
-		return false
-	}
-	m, w := c.chains.localMember(ch)
-	if m == nil {
+	ch, w, ok := in.localSourceLocked(layout, idx)
+	if !ok {
 		return false
 	}
 	if in.findLocalLocked(idx, ch.Version) == nil && in.local.pending[idx] == nil {
 		in.openLocalLocked(layout, ch, w, idx, false, true)
 	}
 	return true
+}
+
+// localSourceLocked returns the chain of chunk idx and the data server
+// of this host to read it from in place; ok is false when it is not to be
+// read in place. Called with in.mu held.
+func (in *inode) localSourceLocked(layout *weftv1.Layout, idx uint64) (ch *weftv1.Chain, w *wire.Client, ok bool) {
+	c := in.c
+	if !c.localReads() || in.avoidedLocked(idx) || c.localOpen.Load() >= maxLocalOpen {
+		return nil, nil, false
+	}
+	if ch = c.chains.get(chainFor(layout, idx)); ch == nil {
+		return nil, nil, false
+	}
+	m, w := c.chains.localMember(ch)
+	return ch, w, m != nil
 }
 
 // localAhead is how far ahead of a sequential reader chunks are opened
@@ -149,10 +156,36 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 		return
 	}
 	cs := uint64(layout.ChunkSize)
-	for idx := from / cs; idx*cs < min(size, from+localAhead); idx++ {
-		if in.local.chunks[idx] == nil && in.local.pending[idx] == nil && in.settledLocked(idx) {
-			in.mayReadLocallyLocked(layout, idx)
+	end := min(size, from+localAhead)
+	// Chunks are opened in bursts: none while those of the next
+	// localAhead/4 are open or opening, then all up to localAhead, so
+	// that each data server gets several opens in one round.
+	burst := false
+	for idx := from / cs; idx*cs < min(end, from+localAhead/4); idx++ {
+		if in.local.chunks[idx] == nil && in.local.pending[idx] == nil {
+			burst = true
+			break
 		}
+	}
+	if !burst {
+		return
+	}
+	var groups map[*wire.Client][]*localOpening
+	for idx := from / cs; idx*cs < end; idx++ {
+		if in.local.chunks[idx] != nil || in.local.pending[idx] != nil || !in.settledLocked(idx) {
+			continue
+		}
+		ch, w, ok := in.localSourceLocked(layout, idx)
+		if !ok {
+			continue
+		}
+		if groups == nil {
+			groups = make(map[*wire.Client][]*localOpening)
+		}
+		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, idx, true))
+	}
+	for w, ops := range groups {
+		go in.openAheadTogether(w, ops)
 	}
 }
 
@@ -296,68 +329,110 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 // chunk the reader's read-ahead window already covers is prefetched
 // (prefetchLocked).
 func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify, ahead bool) chan struct{} {
+	op := in.startLocalOpenLocked(layout, ch, w, idx, ahead)
+	go func() {
+		ctx, cancel := context.WithTimeout(in.c.bg, localOpenTimeout)
+		defer cancel()
+		opened, err := w.OpenChunk(ctx, op.request(in.ino), verify)
+		in.finishLocalOpen(op, opened, err)
+	}()
+	return op.done
+}
+
+// localOpening is an open of a chunk in place under way.
+type localOpening struct {
+	layout   *weftv1.Layout
+	ch       *weftv1.Chain // the chain, at the version the open asks for
+	w        *wire.Client
+	idx      uint64
+	chain    uint64
+	gen      uint64 // localState.gen when it started
+	fileSize uint64 // the file's length as the client knew it then
+	ahead    bool
+	done     chan struct{} // in localState.pending while under way
+}
+
+// request is the open's request for a chunk of file ino.
+func (op *localOpening) request(ino uint64) *weftv1.ReadChunkRequest {
+	return &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Ino: ino, Index: op.idx}, ChainId: op.chain, ChainVersion: op.ch.Version}
+}
+
+// startLocalOpenLocked records an open of chunk idx from w's server (a
+// member of ch) as under way; finishLocalOpen ends it.
+func (in *inode) startLocalOpenLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, ahead bool) *localOpening {
 	if in.local.pending == nil {
 		in.local.pending = make(map[uint64]chan struct{})
 	}
-	done := make(chan struct{})
-	in.local.pending[idx] = done
-	gen := in.local.gen
-	fileSize := in.sizeLocked()
-	chain := chainFor(layout, idx)
-	c := in.c
-	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(c.bg, localOpenTimeout)
-		defer cancel()
-		opened, err := w.OpenChunk(ctx, &weftv1.ReadChunkRequest{
-			Chunk: &weftv1.ChunkID{Ino: in.ino, Index: idx}, ChainId: chain, ChainVersion: ch.Version,
-		}, verify)
-		in.mu.Lock()
-		defer in.mu.Unlock()
-		current := in.local.gen == gen && in.local.pending[idx] == done && in.settledLocked(idx)
-		if current {
-			delete(in.local.pending, idx)
+	op := &localOpening{layout: layout, ch: ch, w: w, idx: idx, chain: chainFor(layout, idx),
+		gen: in.local.gen, fileSize: in.sizeLocked(), ahead: ahead, done: make(chan struct{})}
+	in.local.pending[idx] = op.done
+	return op
+}
+
+// openAheadTogether opens chunks opened ahead of a reader, those of one
+// data server in one round of requests (wire.Client.OpenChunks).
+func (in *inode) openAheadTogether(w *wire.Client, ops []*localOpening) {
+	ctx, cancel := context.WithTimeout(in.c.bg, localOpenTimeout)
+	defer cancel()
+	reqs := make([]*weftv1.ReadChunkRequest, len(ops))
+	for i, op := range ops {
+		reqs[i] = op.request(in.ino)
+	}
+	outs, errs := w.OpenChunks(ctx, reqs)
+	for i, op := range ops {
+		in.finishLocalOpen(op, outs[i], errs[i])
+	}
+}
+
+// finishLocalOpen ends op with its outcome: the chunk goes into the
+// inode's list, unless the open failed or the list was dropped meanwhile.
+func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err error) {
+	defer close(op.done)
+	c, idx := in.c, op.idx
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	current := in.local.gen == op.gen && in.local.pending[idx] == op.done && in.settledLocked(idx)
+	if current {
+		delete(in.local.pending, idx)
+	}
+	if err != nil {
+		if isCode(err, codes.FailedPrecondition) {
+			go c.chains.refreshIfStale(c.bg, op.chain, op.ch.Version)
+		} else if in.local.gen == op.gen {
+			in.avoidLocalLocked(idx) // read through the server for a while
 		}
-		if err != nil {
-			if isCode(err, codes.FailedPrecondition) {
-				go c.chains.refreshIfStale(c.bg, chain, ch.Version)
-			} else if in.local.gen == gen {
-				in.avoidLocalLocked(idx) // read through the server for a while
-			}
-			return
+		return
+	}
+	lc := &localChunk{idx: idx, chain: op.chain, version: op.ch.Version, w: op.w, c: c, fileSize: op.fileSize,
+		file: opened.File, length: opened.Length, sums: opened.Sums}
+	if lc.file != nil {
+		c.localOpen.Add(1)
+	}
+	lc.refs.Store(1) // the list's
+	if !current {
+		lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
+		return
+	}
+	if start := idx * uint64(op.layout.ChunkSize); op.ahead && lc.file != nil && in.local.adviseTo > start {
+		// The reader's window already reaches into it.
+		if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
+			lc.advised = hi
+			lc.refs.Add(1)
+			go runPrefetches([]prefetch{{lc, 0, hi}})
 		}
-		lc := &localChunk{idx: idx, chain: chain, version: ch.Version, w: w, c: c, fileSize: fileSize,
-			file: opened.File, length: opened.Length, sums: opened.Sums}
-		if lc.file != nil {
-			c.localOpen.Add(1)
-		}
-		lc.refs.Store(1) // the list's
-		if !current {
-			lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
-			return
-		}
-		if start := idx * uint64(layout.ChunkSize); ahead && lc.file != nil && in.local.adviseTo > start {
-			// The reader's window already reaches into it.
-			if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
-				lc.advised = hi
-				lc.refs.Add(1)
-				go runPrefetches([]prefetch{{lc, 0, hi}})
-			}
-		}
-		if old := in.local.chunks[idx]; old != nil {
-			in.dropChunkLocked(old) // the verified open replaces it
-		}
-		if len(in.local.chunks) >= maxLocalChunks {
-			in.dropLeastUsedLocked()
-		}
-		if in.local.chunks == nil {
-			in.local.chunks = make(map[uint64]*localChunk)
-		}
-		in.local.tick++
-		lc.used = in.local.tick
-		in.local.chunks[idx] = lc
-	}()
-	return done
+	}
+	if old := in.local.chunks[idx]; old != nil {
+		in.dropChunkLocked(old) // the verified open replaces it
+	}
+	if len(in.local.chunks) >= maxLocalChunks {
+		in.dropLeastUsedLocked()
+	}
+	if in.local.chunks == nil {
+		in.local.chunks = make(map[uint64]*localChunk)
+	}
+	in.local.tick++
+	lc.used = in.local.tick
+	in.local.chunks[idx] = lc
 }
 
 // localOpenTimeout bounds opening a chunk in place.

@@ -208,6 +208,52 @@ func (c *Client) OpenChunk(ctx context.Context, req *weftv1.ReadChunkRequest, ve
 	return out, err
 }
 
+// OpenChunks opens several chunks of this server in place at once: the
+// requests go together on one connection and the server answers them one
+// after another, so a reader that opens the chunks ahead of it pays one
+// round trip (and one wake-up of the server) for all of them. Results and
+// errors are per request, as OpenChunk's.
+func (c *Client) OpenChunks(ctx context.Context, reqs []*weftv1.ReadChunkRequest) ([]*LocalChunk, []error) {
+	outs, errs := make([]*LocalChunk, len(reqs)), make([]error, len(reqs))
+	fail := func(err error) ([]*LocalChunk, []error) {
+		for i := range errs {
+			errs[i] = err
+		}
+		return outs, errs
+	}
+	if !c.MaybeLocal() {
+		return fail(ErrNotLocal)
+	}
+	lc, err := c.takeLocalConn(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	sent := time.Now()
+	outs, errs, broken := lc.openMany(ctx, reqs)
+	if broken != nil {
+		lc.uc.Close()
+		for i, err := range errs {
+			if errors.Is(err, broken) {
+				errs[i] = status.Errorf(codes.Unavailable, "open a chunk of data server %s in place: %v", c.a.Unix, err)
+			}
+		}
+	}
+	for i, out := range outs {
+		switch {
+		case errs[i] == nil:
+			c.local.Store(localYes)
+			c.setLease(sent, out.Lease)
+		case status.Code(errs[i]) == codes.Unimplemented && !errors.Is(errs[i], broken):
+			c.local.Store(localNo)
+			errs[i] = fmt.Errorf("%w: %v", ErrNotLocal, errs[i])
+		}
+	}
+	if broken == nil {
+		c.putLocalConn(lc)
+	}
+	return outs, errs
+}
+
 // takeLocalConn returns an idle opOpenChunk connection or dials one.
 func (c *Client) takeLocalConn(ctx context.Context) (*localConn, error) {
 	c.locMu.Lock()
@@ -285,43 +331,49 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 			return nil, false, err
 		}
 	}
+	out, _, answered, err = lc.answer(lc.id, lc.id)
+	return out, answered, err
+}
+
+// answer reads the answer to an open or lease request whose id is in
+// [lo, hi] (answers to requests sent together may come in any order;
+// each descriptor travels with the bytes of its own answer, so they are
+// taken in the order the answers are read). answered tells an error the
+// server answered (the connection is fine) from one that leaves the
+// connection unusable.
+func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered bool, err error) {
 	var hb [headerLen]byte
 	if err := readFull(lc.br, hb[:]); err != nil {
-		return nil, false, err
+		return nil, 0, false, err
 	}
 	h, err := parseHeader(hb[:])
-	if err == nil && (h.op != opResponse || h.id != lc.id || h.metaLen < respMetaMin || h.metaLen > maxMeta ||
+	if err == nil && (h.op != opResponse || h.id < lo || h.id > hi || h.metaLen < respMetaMin || h.metaLen > maxMeta ||
 		h.payloadLen > 16+4*maxLocalSums) {
 		err = fmt.Errorf("%w: unexpected answer (op %d, id %d) to an open", errProtocol, h.op, h.id)
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, 0, false, err
 	}
 	rest := make([]byte, h.metaLen+h.payloadLen)
 	if err := readFull(lc.br, rest); err != nil {
-		return nil, false, err
+		return nil, 0, false, err
 	}
-	fd := lc.fr.take()
 	cl := call{code: le.Uint32(rest[0:]), errno: le.Uint32(rest[4:]), flags: le.Uint32(rest[8:])}
 	if cl.code != 0 {
 		cl.msg = string(rest[respMetaMin:h.metaLen])
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		return nil, true, cl.callError()
+		return nil, h.id, true, cl.callError()
 	}
 	if cl.flags&flagMissing != 0 {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		return &LocalChunk{Lease: time.Duration(h.aux) * time.Millisecond}, true, nil
+		return &LocalChunk{Lease: time.Duration(h.aux) * time.Millisecond}, h.id, true, nil
 	}
+	// Only an answer with a file carries a descriptor.
+	fd := lc.fr.take()
 	p := rest[h.metaLen:]
 	if fd < 0 || len(p) < 16 || (len(p)-16)%4 != 0 {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return nil, false, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
+		return nil, 0, false, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
 	}
 	out = &LocalChunk{
 		File:    os.NewFile(uintptr(fd), "chunk"),
@@ -335,9 +387,62 @@ func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, ver
 	}
 	if want := (out.Length + BlockSize - 1) / BlockSize; int64(len(out.Sums)) != want {
 		out.File.Close()
-		return nil, true, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
+		return nil, h.id, true, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
 	}
-	return out, true, nil
+	return out, h.id, true, nil
+}
+
+// openMany sends one opOpenChunk per request in one write and reads
+// their answers: outs and errs per request; broken, when set, is why the
+// connection is no longer usable (the requests it left unanswered fail
+// with it).
+func (lc *localConn) openMany(ctx context.Context, reqs []*weftv1.ReadChunkRequest) (outs []*LocalChunk, errs []error, broken error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(localOpenTimeout)
+	}
+	lc.uc.SetDeadline(dl)
+	defer lc.uc.SetDeadline(time.Time{})
+	lc.fr.closeAll() // none expected; never hand out a stale one
+	const frame = headerLen + readMetaLen
+	b := make([]byte, len(reqs)*frame)
+	first := lc.id + 1
+	for i, req := range reqs {
+		lc.id++
+		header{op: opOpenChunk, metaLen: readMetaLen, id: lc.id, timeoutMs: uint32(max(time.Until(dl).Milliseconds(), 1))}.put(b[i*frame:])
+		putRead(b[i*frame+headerLen:], req)
+	}
+	outs, errs = make([]*LocalChunk, len(reqs)), make([]error, len(reqs))
+	if _, err := lc.uc.Write(b); err != nil {
+		broken = err
+	}
+	seen := make([]bool, len(reqs))
+	for range reqs {
+		if broken != nil {
+			break
+		}
+		out, id, answered, err := lc.answer(first, lc.id)
+		if !answered {
+			broken = err
+			break
+		}
+		if i := id - first; seen[i] {
+			if out != nil && out.File != nil {
+				out.File.Close()
+			}
+			broken = fmt.Errorf("%w: two answers to open %d", errProtocol, id)
+		} else {
+			seen[i], outs[i], errs[i] = true, out, err
+		}
+	}
+	if broken != nil {
+		for i := range reqs {
+			if !seen[i] {
+				errs[i] = broken
+			}
+		}
+	}
+	return outs, errs, broken
 }
 
 // localFields are a Client's state for reads in place.

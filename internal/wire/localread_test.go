@@ -148,3 +148,63 @@ func TestOpenChunkInPlace(t *testing.T) {
 		t.Fatalf("open over TCP only: %v, want ErrNotLocal", err)
 	}
 }
+
+// Opens sent together get each its own answer, in the order asked, with
+// the descriptor of its own chunk even where answers without one (a
+// missing chunk, a refusal) come between, on a connection that stays
+// usable.
+func TestOpenChunksTogether(t *testing.T) {
+	dir := t.TempDir()
+	contents := map[uint64][]byte{}
+	for _, idx := range []uint64{1, 2, 5, 8} {
+		contents[idx] = bytes.Repeat([]byte{byte('a' + idx)}, int(idx)*50000)
+		if err := os.WriteFile(filepath.Join(dir, itoa(idx)), contents[idx], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &fileHandler{idHandler: idHandler{id: "local-b", name: "b"}, dir: dir, lease: time.Second}
+	sock := filepath.Join(socketDir(t), "wire.sock")
+	tcp := serveBoth(t, h, sock)
+	c := NewClient(Addr{TCP: tcp, Unix: sock, ID: h.id}.String(), 2)
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	order := []uint64{4, 1, 7, 2, 3, 5, 8, 7, 1}
+	var reqs []*weftv1.ReadChunkRequest
+	for _, idx := range order {
+		reqs = append(reqs, &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Ino: 5, Index: idx}, ChainId: 1, ChainVersion: 2})
+	}
+	for round := range 2 { // the second on the connection the first left idle
+		outs, errs := c.OpenChunks(ctx, reqs)
+		for i, idx := range order {
+			want, exists := contents[idx]
+			switch {
+			case idx == 7:
+				if status.Code(errs[i]) != codes.FailedPrecondition {
+					t.Errorf("round %d, chunk %d: %v, want the server's refusal", round, idx, errs[i])
+				}
+			case errs[i] != nil:
+				t.Errorf("round %d, chunk %d: %v", round, idx, errs[i])
+			case !exists:
+				if outs[i].File != nil {
+					t.Errorf("round %d, chunk %d: a file for a missing chunk", round, idx)
+				}
+			default:
+				got := make([]byte, outs[i].Length)
+				if outs[i].File == nil {
+					t.Errorf("round %d, chunk %d: no file", round, idx)
+					continue
+				}
+				if _, err := outs[i].File.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("round %d, chunk %d: the file handed out is not the chunk's (%d bytes, err %v)", round, idx, len(got), err)
+				}
+				outs[i].File.Close()
+			}
+		}
+		c.locMu.Lock()
+		idle := len(c.locIdle)
+		c.locMu.Unlock()
+		if idle != 1 {
+			t.Fatalf("round %d: %d idle connections after the opens, want 1", round, idle)
+		}
+	}
+}
