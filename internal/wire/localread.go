@@ -24,8 +24,9 @@ import (
 // from the server's file, as the local file system would, instead of
 // asking the server for every piece (HDFS calls this a short-circuit
 // read). It asks once per chunk (opOpenChunk, over a Unix socket
-// connection of its own, one request at a time): the server checks the
-// request as it checks a read (it serves the chain at that version),
+// connection of its own; several opens may go together, OpenChunks, and
+// are answered in turn): the server checks the request as it checks a
+// read (it serves the chain at that version),
 // opens the chunk's data file read-only and answers with the descriptor
 // (SCM_RIGHTS), the chunk's length and version and its block checksums,
 // read together under the chunk's read lock. The client then verifies
@@ -148,8 +149,8 @@ func leaseMs(d time.Duration) uint32 {
 // localOpenTimeout bounds one opOpenChunk.
 const localOpenTimeout = 5 * time.Second
 
-// localConn is a Unix socket connection for opOpenChunk, one request at
-// a time.
+// localConn is a Unix socket connection for opOpenChunk: one request, or
+// one round of requests sent together, at a time.
 type localConn struct {
 	uc *net.UnixConn
 	fr *fdReader

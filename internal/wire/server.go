@@ -273,9 +273,10 @@ func (c *serverConn) run() {
 			continue
 		}
 		if h.op == opOpenChunk {
-			// Served here, not on a goroutine of its own: a client sends
-			// one open at a time on a connection (localConn), so there
-			// is nothing to overlap, and handing each open to another
+			// Served here, in turn, not on a goroutine of its own: a
+			// client's opens on a connection (localConn) are one or a
+			// round sent together that it waits for whole, so there is
+			// nothing to overlap, and handing each open to another
 			// goroutine woke another thread per chunk (a sequential
 			// reader in place opens one chunk per MiB).
 			c.openChunk(h.id, getRead(meta[:]), le.Uint32(meta[44:])&flagVerify != 0)
