@@ -73,6 +73,10 @@ func (in *inode) writtenLocked() bool { return in.writeSeq != in.committedSeq }
 // sync, the last write of the buffer asks the data servers to make the
 // chunk durable (on every live replica), which spares a SyncFile.
 func (in *inode) startSendLocked(idx uint64, buf *chunkBuf, sync bool) *sendOp {
+	// The server's copy is about to change: let go of it open in place
+	// (its checksums would no longer match); it is opened again once the
+	// send is done.
+	in.dropWrittenLocked(idx)
 	op := &sendOp{done: make(chan struct{}), prev: in.inflight[idx], buf: buf, bytes: buf.size}
 	in.inflight[idx] = op
 	layout := in.layout
@@ -155,7 +159,6 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 	in.dropWindowsLocked()
 	cs := uint64(in.layout.ChunkSize)
 	for _, s := range spans(off, uint64(len(p)), cs) {
-		in.dropWrittenLocked(s.index)
 		buf := in.dirty[s.index]
 		if buf == nil {
 			buf = &chunkBuf{chunkSize: cs}

@@ -172,7 +172,7 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 	}
 	var groups map[*wire.Client][]*localOpening
 	for idx := from / cs; idx*cs < end; idx++ {
-		if in.local.chunks[idx] != nil || in.local.pending[idx] != nil || !in.settledLocked(idx) {
+		if in.local.chunks[idx] != nil || in.local.pending[idx] != nil || in.sendingLocked(idx) {
 			continue
 		}
 		ch, w, ok := in.localSourceLocked(layout, idx)
@@ -271,8 +271,14 @@ func (in *inode) dropLocalLocked() {
 	in.local.adviseTo = 0
 }
 
+// sendingLocked reports whether writes of this client to chunk idx are
+// on their way to the data servers (the server's copy is changing).
+func (in *inode) sendingLocked(idx uint64) bool {
+	return in.inflight[idx] != nil
+}
+
 // dropWrittenLocked forgets chunk idx and an open of it under way: a
-// write of this client changes it.
+// send of this client's writes changes it.
 func (in *inode) dropWrittenLocked(idx uint64) {
 	if lc := in.local.chunks[idx]; lc != nil {
 		in.dropChunkLocked(lc)
@@ -391,7 +397,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 	c, idx := in.c, op.idx
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	current := in.local.gen == op.gen && in.local.pending[idx] == op.done && in.settledLocked(idx)
+	current := in.local.gen == op.gen && in.local.pending[idx] == op.done && !in.sendingLocked(idx)
 	if current {
 		delete(in.local.pending, idx)
 	}
@@ -450,10 +456,11 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 			return nil
 		}
 		in.mu.Lock()
-		if in.avoidedLocked(idx) || !in.settledLocked(idx) {
-			// Writes of this client to the chunk are buffered or on
-			// their way: the server's copy is about to change, read
-			// through it (reads overlapping the writes sent them first).
+		if in.avoidedLocked(idx) || in.sendingLocked(idx) {
+			// Writes of this client to the chunk are on their way: the
+			// server's copy is changing, read through it. Writes only
+			// buffered leave it as it is: it is read in place and the
+			// reader lays them over it (planRead's overlay).
 			in.mu.Unlock()
 			return nil
 		}

@@ -111,9 +111,9 @@ func TestReadInPlace(t *testing.T) {
 	check("read of a good chunk next to a bad one", g, chunk, chunk)
 }
 
-// A chunk with writes still buffered in this client is not read in place
-// from the server's older copy: a read beside the buffered bytes, then
-// one over them, both see the file as written (a sparse chunk the
+// A chunk with writes still buffered in this client is read with them
+// laid over the server's older copy: a read beside the buffered bytes,
+// then one over them, both see the file as written (a sparse chunk the
 // writes start; found by the exerciser).
 func TestReadInPlaceBesideBufferedWrites(t *testing.T) {
 	const chunk = 256 << 10
@@ -226,5 +226,69 @@ func TestReadInPlaceFollowsAppends(t *testing.T) {
 	}
 	if a.LocalReadBytes() == 0 {
 		t.Fatal("nothing was read in place")
+	}
+}
+
+// Reads of chunks whose writes this client only buffers are read in
+// place with the buffered bytes laid over them (the server's copy does
+// not change until they are sent), so mixed small reads and writes do not
+// cost a request to the server per read; once the writes are sent and
+// acknowledged, reads see them from the server's new copy.
+func TestReadInPlaceUnderBufferedWrites(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	c := newTestClient(t, tc.metaAddr, Config{})
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(21, 22))
+	const size = 4 * chunk
+	model := randomBytes(rnd, size)
+	f := create(t, c, "mixed", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := open(t, c, "mixed", syscall.O_RDWR)
+	defer g.Release(ctx)
+	const rec = 8 << 10
+	check := func(step string, off int) {
+		t.Helper()
+		got := make([]byte, rec)
+		if _, err := g.ReadAt(ctx, got, int64(off)); err != nil {
+			t.Fatalf("%s: read at %d: %v", step, off, err)
+		}
+		if !bytes.Equal(got, model[off:off+rec]) {
+			t.Fatalf("%s: read at %d: wrong bytes", step, off)
+		}
+	}
+	before := c.LocalReadBytes()
+	var read uint64
+	written := map[int]bool{} // records buffered: a read of one needs no data server
+	for i := range 40 { // fewer writes per chunk than go out in the background
+		off := rnd.IntN(size/rec) * rec
+		if i%2 == 0 {
+			data := randomBytes(rnd, rec)
+			copy(model[off:], data)
+			if _, err := g.WriteAt(ctx, data, int64(off)); err != nil {
+				t.Fatal(err)
+			}
+			written[off] = true
+			off = off/chunk*chunk + rnd.IntN(chunk/rec)*rec // somewhere in the written chunk
+		}
+		check("mixed", off)
+		if !written[off] {
+			read += rec
+		}
+	}
+	if got := c.LocalReadBytes() - before; got != read {
+		t.Errorf("%d bytes read in place under buffered writes, want all %d read from the servers' copies", got, read)
+	}
+	if err := g.Fsync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < size; off += rec {
+		check("after the writes were sent", off)
 	}
 }
