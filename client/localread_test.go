@@ -266,7 +266,8 @@ func TestReadInPlaceUnderBufferedWrites(t *testing.T) {
 	before := c.LocalReadBytes()
 	var read uint64
 	written := map[int]bool{} // records buffered: a read of one needs no data server
-	for i := range 40 {       // fewer writes per chunk than go out in the background
+	// Fewer writes per chunk than go out in the background.
+	for i := range 40 {
 		off := rnd.IntN(size/rec) * rec
 		if i%2 == 0 {
 			data := randomBytes(rnd, rec)
