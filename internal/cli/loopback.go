@@ -28,9 +28,10 @@ func newLoopbackCmd() *cobra.Command {
 		Short: "Mount SRC at MNT through a plain FUSE loopback (the baseline of weft bench)",
 		Long: `Mount the directory SRC at MNT through go-fuse's loopback file system, tuned as
 a network client would be (1 MiB requests, a 1 MiB kernel read-ahead as weft
-mounts have, 64 background requests) and with kernel passthrough off, so every read and write goes through this process:
-the FUSE cost weft is compared against. --passthrough lets the kernel read
-and write the backing files directly instead.
+mounts have, 64 background requests) and with kernel passthrough off, so
+every read and write goes through this process: the FUSE cost weft is
+compared against. --passthrough lets the kernel read and write the
+backing files directly instead.
 
 Runs in the foreground until SIGINT or SIGTERM, then unmounts.
 

@@ -8,7 +8,8 @@ import (
 	"github.com/weft-fs/weft/mount"
 )
 
-// cacheSettings are the metadata caching flags of weft mount and weft up.
+// cacheSettings are the caching flags of weft mount and weft up: metadata
+// caching and the kernel's read-ahead.
 type cacheSettings struct {
 	callbacks    bool
 	attrTimeout  time.Duration // 0: mount's default for the callbacks setting
@@ -18,7 +19,8 @@ type cacheSettings struct {
 	readAheadBytes uint64
 }
 
-// addFlags defines --callbacks, --attr-timeout and --entry-timeout on cmd.
+// addFlags defines --callbacks, --attr-timeout, --entry-timeout and
+// --kernel-read-ahead on cmd.
 func (s *cacheSettings) addFlags(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.BoolVar(&s.callbacks, "callbacks", true,
