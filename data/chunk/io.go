@@ -183,20 +183,29 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 	newSize := max(oldSize, end)
 	first, last := min(off, oldSize)/BlockSize, (end-1)/BlockSize
 	sums := make([]byte, crcBytes*(last-first+1))
+	// Blocks the write covers whole are checksummed after the data is
+	// written: the write has just read the bytes, so the checksum reads
+	// them from this core's cache rather than from the client's memory
+	// (shared arena) a second time. Blocks merged with old bytes are
+	// done first, while the old bytes are still there.
+	whole := func(b int64) bool {
+		bs := b * BlockSize
+		return off <= bs && end >= min(bs+BlockSize, newSize)
+	}
 	for b := first; b <= last; b++ {
+		if whole(b) {
+			continue
+		}
 		bs := b * BlockSize
 		be := min(bs+BlockSize, newSize)
 		ds, de := max(off, bs), min(end, be) // part of the block the write covers
 		var sum uint32
-		switch {
-		case off <= bs && end >= be:
-			sum = crc32.Checksum(data[bs-off:be-off], castagnoli)
-		case bs >= oldSize: // no old bytes: zeros up to the write, then data
+		if bs >= oldSize { // no old bytes: zeros up to the write, then data
 			sum = crc32.Update(0, castagnoli, zeroBlock[:min(ds, be)-bs])
 			if ds < de {
 				sum = crc32.Update(sum, castagnoli, data[ds-off:de-off])
 			}
-		default:
+		} else {
 			var err error
 			if sum, err = t.mergeBlock(f, id, b, oldSize, be, data, off); err != nil {
 				return err
@@ -207,6 +216,13 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 	if _, err := f.data.WriteAt(data, off); err != nil {
 		t.undoExtend(f, oldSize, end)
 		return t.ioError(fmt.Sprintf("write %v at offset %d", id, off), err)
+	}
+	for b := first; b <= last; b++ {
+		if whole(b) {
+			bs := b * BlockSize
+			sum := crc32.Checksum(data[bs-off:min(bs+BlockSize, newSize)-off], castagnoli)
+			binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
+		}
 	}
 	if _, err := f.crc.WriteAt(sums, headerSize+first*crcBytes); err != nil {
 		t.undoExtend(f, oldSize, end)
