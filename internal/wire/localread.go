@@ -304,17 +304,26 @@ func (c *Client) closeLocal() {
 	c.locIdle = nil
 }
 
-// open sends one opOpenChunk (opLease without req) and reads its
-// answer. answered tells an error the server answered (the connection
-// is fine) from one that leaves the connection unusable.
-func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (out *LocalChunk, answered bool, err error) {
+// begin prepares the connection for a round of requests: its deadline
+// is ctx's (localOpenTimeout without one), which it returns, and
+// descriptors left from an earlier round are closed (none are expected;
+// a stale one is never handed out). The caller clears the deadline.
+func (lc *localConn) begin(ctx context.Context) time.Time {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(localOpenTimeout)
 	}
 	lc.uc.SetDeadline(dl)
+	lc.fr.closeAll()
+	return dl
+}
+
+// open sends one opOpenChunk (opLease without req) and reads its
+// answer. answered tells an error the server answered (the connection
+// is fine) from one that leaves the connection unusable.
+func (lc *localConn) open(ctx context.Context, req *weftv1.ReadChunkRequest, verify bool) (out *LocalChunk, answered bool, err error) {
+	dl := lc.begin(ctx)
 	defer lc.uc.SetDeadline(time.Time{})
-	lc.fr.closeAll() // none expected; never hand out a stale one
 	lc.id++
 	var b [headerLen + readMetaLen]byte
 	if req == nil {
@@ -398,13 +407,8 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 // connection is no longer usable (the requests it left unanswered fail
 // with it).
 func (lc *localConn) openMany(ctx context.Context, reqs []*weftv1.ReadChunkRequest) (outs []*LocalChunk, errs []error, broken error) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(localOpenTimeout)
-	}
-	lc.uc.SetDeadline(dl)
+	dl := lc.begin(ctx)
 	defer lc.uc.SetDeadline(time.Time{})
-	lc.fr.closeAll() // none expected; never hand out a stale one
 	const frame = headerLen + readMetaLen
 	b := make([]byte, len(reqs)*frame)
 	first := lc.id + 1
