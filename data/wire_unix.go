@@ -1,8 +1,6 @@
 package data
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"path/filepath"
 
@@ -18,11 +16,7 @@ const wireSocketName = "wire.sock"
 // a client never mistakes another server (or this one restarted, at
 // another address) for the one whose address it holds.
 func (s *Server) WireIdentity() string {
-	s.wireIDOnce.Do(func() {
-		var b [8]byte
-		rand.Read(b[:])
-		s.wireID = s.serverUUID + "." + hex.EncodeToString(b[:])
-	})
+	s.wireIDOnce.Do(func() { s.wireID = wire.NewIdentity(s.serverUUID) })
 	return s.wireID
 }
 

@@ -1,8 +1,6 @@
 package meta
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"path/filepath"
 
@@ -28,11 +26,7 @@ const wireSocketName = "meta.sock"
 // another server (or this one restarted, at another address) for the one
 // whose address it holds.
 func (s *Service) WireIdentity() string {
-	s.wireIDOnce.Do(func() {
-		var b [8]byte
-		rand.Read(b[:])
-		s.wireID = s.clusterID + "." + hex.EncodeToString(b[:])
-	})
+	s.wireIDOnce.Do(func() { s.wireID = wire.NewIdentity(s.clusterID) })
 	return s.wireID
 }
 

@@ -2,6 +2,8 @@ package wire
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -76,6 +78,16 @@ var errNotThisServer = errors.New("another server listens at that path")
 // clients never use the Unix socket.
 type Identified interface {
 	WireIdentity() string
+}
+
+// NewIdentity returns an identity for a server known as base (its
+// cluster id or uuid): base and a random part new at every call, so that
+// a client never takes another server, or this one restarted at another
+// address, for the one whose address it holds.
+func NewIdentity(base string) string {
+	var b [8]byte
+	rand.Read(b[:])
+	return base + "." + hex.EncodeToString(b[:])
 }
 
 // dialUnix connects to the Unix socket of a, checks that the server
