@@ -32,7 +32,7 @@ const maxBatchCalls = 256
 var batchable = func() map[string]grpc.MethodDesc {
 	names := []string{"Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Unlink", "Rmdir", "Rename",
 		"Link", "Symlink", "Readlink", "Open", "Release", "Access", "CommitWrite", "GetXattr", "SetXattr",
-		"ListXattr", "RemoveXattr"}
+		"ListXattr", "RemoveXattr", "Delegate", "ReturnDelegation", "CreateMany", "RecordOpens"}
 	all := make(map[string]grpc.MethodDesc)
 	for _, m := range weftv1.Meta_ServiceDesc.Methods {
 		all[m.MethodName] = m
@@ -106,7 +106,9 @@ func (s *Service) runBatched(ctx context.Context, md metadata.MD, call *weftv1.B
 	resp, err := m.Handler(s, ctx, dec, func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		return fserr.UnaryServerInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 			return s.haInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-				return s.callbackInterceptor(ctx, req, info, h)
+				return s.recallInterceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+					return s.callbackInterceptor(ctx, req, info, h)
+				})
 			})
 		})
 	})

@@ -45,6 +45,9 @@ type cbSession struct {
 	inodes  map[uint64]struct{}
 	entries map[cbEntry]struct{}
 	all     bool
+	// recalls are create delegations to ask back (delegate.go), kept
+	// across Invalidation.all and until a stream takes them.
+	recalls map[uint64]uint64 // directory -> generation
 	wake    chan struct{}
 }
 
@@ -106,7 +109,7 @@ func (h *callbacks) sessionLocked(id string) *cbSession {
 		cs = &cbSession{
 			id: id, interest: make(map[uint64]struct{}), idleAt: time.Now(),
 			inodes: make(map[uint64]struct{}), entries: make(map[cbEntry]struct{}),
-			wake: make(chan struct{}, 1),
+			recalls: make(map[uint64]uint64), wake: make(chan struct{}, 1),
 		}
 		h.sessions[id] = cs
 	}
@@ -287,6 +290,16 @@ func (h *callbacks) publish(inv invalidation, origin string) {
 	}
 }
 
+// recall asks session to return its create delegation gen of dir, on its
+// callback stream (now, or when one attaches).
+func (h *callbacks) recall(session string, dir, gen uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cs := h.sessionLocked(session)
+	cs.recalls[dir] = gen
+	cs.signal()
+}
+
 // publishAll tells every session to drop everything (changes may have
 // been missed).
 func (h *callbacks) publishAll() {
@@ -329,15 +342,23 @@ func (h *callbacks) take(cs *cbSession, gen uint64) (inv *weftv1.Invalidation, o
 	if cs.stream != gen {
 		return nil, false
 	}
+	var recalls []*weftv1.Recall
+	for dir, gen := range cs.recalls {
+		recalls = append(recalls, &weftv1.Recall{Dir: dir, Generation: gen})
+	}
+	clear(cs.recalls)
 	switch {
 	case cs.all:
 		cs.all = false
 		h.alls.Add(1)
-		return &weftv1.Invalidation{All: true}, true
+		return &weftv1.Invalidation{All: true, Recalls: recalls}, true
 	case len(cs.inodes) == 0 && len(cs.entries) == 0:
+		if len(recalls) > 0 {
+			return &weftv1.Invalidation{Recalls: recalls}, true
+		}
 		return nil, true
 	}
-	inv = &weftv1.Invalidation{Inodes: make([]uint64, 0, len(cs.inodes))}
+	inv = &weftv1.Invalidation{Inodes: make([]uint64, 0, len(cs.inodes)), Recalls: recalls}
 	for ino := range cs.inodes {
 		inv.Inodes = append(inv.Inodes, ino)
 	}

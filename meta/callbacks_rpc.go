@@ -63,6 +63,14 @@ func interestBefore(req any) []uint64 {
 		return []uint64{r.Ino}
 	case *weftv1.CommitWriteRequest:
 		return []uint64{r.Ino}
+	case *weftv1.CreateManyRequest:
+		var inos []uint64
+		for _, f := range r.Files {
+			if len(inos) == 0 || inos[len(inos)-1] != f.Parent {
+				inos = append(inos, f.Parent)
+			}
+		}
+		return inos
 	}
 	return nil
 }
@@ -75,6 +83,18 @@ func interestAfter(resp any) []uint64 {
 		return []uint64{r.GetAttr().GetIno()}
 	case *weftv1.CreateResponse:
 		return []uint64{r.GetAttr().GetIno()}
+	case *weftv1.DelegateResponse:
+		if r.Dir != nil {
+			return []uint64{r.Dir.Ino}
+		}
+	case *weftv1.CreateManyResponse:
+		var inos []uint64
+		for _, f := range r.Results {
+			if f.Attr != nil {
+				inos = append(inos, f.Attr.Ino)
+			}
+		}
+		return inos
 	case *weftv1.ReadDirResponse:
 		var inos []uint64
 		for _, e := range r.Entries {

@@ -118,8 +118,11 @@ type Service struct {
 	inos    inoRanges   // inode numbers reserved for this server (counters.go)
 	layouts layoutCache // effective layouts of directories (layoutcache.go)
 
-	cb *callbacks // callbacks: who caches what (callbacks*.go)
-	ha *ha        // election, registry, forwarding to the manager (ha*.go)
+	cb    *callbacks  // callbacks: who caches what (callbacks*.go)
+	deleg delegations // create delegations granted (delegate.go)
+	// recallWait overrides how long a recall waits (tests); 0: recallWait.
+	recallWait time.Duration
+	ha         *ha // election, registry, forwarding to the manager (ha*.go)
 
 	wireIDOnce sync.Once // the lean path (wire.go)
 	wireID     string
@@ -257,7 +260,7 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	s.ha.start(lis.Addr().String())
 	defer s.ha.close()
-	srv := rpc.NewServer(grpc.ChainUnaryInterceptor(s.haInterceptor, s.callbackInterceptor))
+	srv := rpc.NewServer(grpc.ChainUnaryInterceptor(s.haInterceptor, s.recallInterceptor, s.callbackInterceptor))
 	weftv1.RegisterMetaServer(srv, s)
 	wl, wireAddr, err := s.listenWire(lis)
 	if err != nil {

@@ -177,9 +177,21 @@ func (s *Service) endSession(ctx context.Context, id string, onlyExpired bool) e
 		if err != nil {
 			return fmt.Errorf("end session %q: %w", id, err)
 		}
-		if done {
-			return nil
+		if !done {
+			continue
 		}
+		if s.deleg.n.Load() > 0 {
+			gone := false
+			err := s.view(ctx, func(x *tx) error {
+				_, ok, err := x.t.Get(sessionKey(id))
+				gone = !ok
+				return err
+			})
+			if err == nil && gone {
+				s.deleg.dropSession(id)
+			}
+		}
+		return nil
 	}
 }
 

@@ -965,6 +965,582 @@ func (x *CreateResponse) GetCreated() bool {
 	return false
 }
 
+// DelegateRequest asks for a create delegation on a directory: until it
+// is recalled, the session may make regular files there without a call
+// each, and sends them later in CreateMany calls.
+type DelegateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegateRequest) Reset() {
+	*x = DelegateRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateRequest) ProtoMessage() {}
+
+func (x *DelegateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateRequest.ProtoReflect.Descriptor instead.
+func (*DelegateRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DelegateRequest) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *DelegateRequest) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+type DelegateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the directory cannot be delegated now (another session
+	// holds it, or the engine serves several meta servers).
+	Granted bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Names this grant in recalls and returns.
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Inode numbers reserved for the session's new files: [ino_first,
+	// ino_first+ino_count).
+	InoFirst uint64 `protobuf:"varint,3,opt,name=ino_first,json=inoFirst,proto3" json:"ino_first,omitempty"`
+	InoCount uint64 `protobuf:"varint,4,opt,name=ino_count,json=inoCount,proto3" json:"ino_count,omitempty"`
+	// The directory's attributes at the grant.
+	Dir           *Attr `protobuf:"bytes,5,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegateResponse) Reset() {
+	*x = DelegateResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegateResponse) ProtoMessage() {}
+
+func (x *DelegateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegateResponse.ProtoReflect.Descriptor instead.
+func (*DelegateResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DelegateResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *DelegateResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DelegateResponse) GetInoFirst() uint64 {
+	if x != nil {
+		return x.InoFirst
+	}
+	return 0
+}
+
+func (x *DelegateResponse) GetInoCount() uint64 {
+	if x != nil {
+		return x.InoCount
+	}
+	return 0
+}
+
+func (x *DelegateResponse) GetDir() *Attr {
+	if x != nil {
+		return x.Dir
+	}
+	return nil
+}
+
+// ReturnDelegationRequest gives a delegation back (after a recall, or
+// when the client no longer wants it). Returning one that is already gone
+// is not an error.
+type ReturnDelegationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnDelegationRequest) Reset() {
+	*x = ReturnDelegationRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnDelegationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnDelegationRequest) ProtoMessage() {}
+
+func (x *ReturnDelegationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnDelegationRequest.ProtoReflect.Descriptor instead.
+func (*ReturnDelegationRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReturnDelegationRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *ReturnDelegationRequest) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+func (x *ReturnDelegationRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+type ReturnDelegationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnDelegationResponse) Reset() {
+	*x = ReturnDelegationResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnDelegationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnDelegationResponse) ProtoMessage() {}
+
+func (x *ReturnDelegationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnDelegationResponse.ProtoReflect.Descriptor instead.
+func (*ReturnDelegationResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{13}
+}
+
+// NewFile is a regular file a client made under a create delegation.
+type NewFile struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Parent uint64                 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	Name   string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Permission bits (the type is always a regular file).
+	Mode uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	// From the range the delegation reserved.
+	Ino uint64 `protobuf:"varint,5,opt,name=ino,proto3" json:"ino,omitempty"`
+	// When the client made it: its atime, mtime and ctime, and the
+	// directory's new mtime and ctime.
+	TimeNs        int64 `protobuf:"varint,6,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NewFile) Reset() {
+	*x = NewFile{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NewFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NewFile) ProtoMessage() {}
+
+func (x *NewFile) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NewFile.ProtoReflect.Descriptor instead.
+func (*NewFile) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *NewFile) GetCaller() *Caller {
+	if x != nil {
+		return x.Caller
+	}
+	return nil
+}
+
+func (x *NewFile) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *NewFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NewFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *NewFile) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *NewFile) GetTimeNs() int64 {
+	if x != nil {
+		return x.TimeNs
+	}
+	return 0
+}
+
+// CreateManyRequest sends files made under delegations, in one
+// transaction. No open is recorded: the client records the opens it still
+// holds (RecordOpens) before anything could remove the files' names.
+type CreateManyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Files         []*NewFile             `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateManyRequest) Reset() {
+	*x = CreateManyRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateManyRequest) ProtoMessage() {}
+
+func (x *CreateManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateManyRequest.ProtoReflect.Descriptor instead.
+func (*CreateManyRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CreateManyRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *CreateManyRequest) GetFiles() []*NewFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// NewFileResult is the outcome of one NewFile: its attributes as stored,
+// or the errno and message of why it was not made.
+type NewFileResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attr          *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
+	Errno         uint32                 `protobuf:"varint,2,opt,name=errno,proto3" json:"errno,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NewFileResult) Reset() {
+	*x = NewFileResult{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NewFileResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NewFileResult) ProtoMessage() {}
+
+func (x *NewFileResult) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NewFileResult.ProtoReflect.Descriptor instead.
+func (*NewFileResult) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *NewFileResult) GetAttr() *Attr {
+	if x != nil {
+		return x.Attr
+	}
+	return nil
+}
+
+func (x *NewFileResult) GetErrno() uint32 {
+	if x != nil {
+		return x.Errno
+	}
+	return 0
+}
+
+func (x *NewFileResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type CreateManyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*NewFileResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateManyResponse) Reset() {
+	*x = CreateManyResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateManyResponse) ProtoMessage() {}
+
+func (x *CreateManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateManyResponse.ProtoReflect.Descriptor instead.
+func (*CreateManyResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CreateManyResponse) GetResults() []*NewFileResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// RecordOpensRequest records one open by the session of each inode (files
+// it made under a delegation and still has open).
+type RecordOpensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Inos          []uint64               `protobuf:"varint,2,rep,packed,name=inos,proto3" json:"inos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordOpensRequest) Reset() {
+	*x = RecordOpensRequest{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordOpensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordOpensRequest) ProtoMessage() {}
+
+func (x *RecordOpensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordOpensRequest.ProtoReflect.Descriptor instead.
+func (*RecordOpensRequest) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RecordOpensRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *RecordOpensRequest) GetInos() []uint64 {
+	if x != nil {
+		return x.Inos
+	}
+	return nil
+}
+
+type RecordOpensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordOpensResponse) Reset() {
+	*x = RecordOpensResponse{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordOpensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordOpensResponse) ProtoMessage() {}
+
+func (x *RecordOpensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordOpensResponse.ProtoReflect.Descriptor instead.
+func (*RecordOpensResponse) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{19}
+}
+
 type MkdirRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
@@ -977,7 +1553,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[10]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1565,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[10]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1578,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{10}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MkdirRequest) GetCaller() *Caller {
@@ -1044,7 +1620,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[11]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1632,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[11]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1645,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{11}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RemoveRequest) GetCaller() *Caller {
@@ -1103,7 +1679,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[12]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1691,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[12]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1704,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{12}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveResponse) GetParent() *Attr {
@@ -1152,7 +1728,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[13]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1740,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[13]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1753,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{13}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RenameRequest) GetCaller() *Caller {
@@ -1234,7 +1810,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[14]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1822,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[14]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1835,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{14}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RenameResponse) GetOldParent() *Attr {
@@ -1288,7 +1864,7 @@ type LinkRequest struct {
 
 func (x *LinkRequest) Reset() {
 	*x = LinkRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[15]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1876,7 @@ func (x *LinkRequest) String() string {
 func (*LinkRequest) ProtoMessage() {}
 
 func (x *LinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[15]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1889,7 @@ func (x *LinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkRequest.ProtoReflect.Descriptor instead.
 func (*LinkRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{15}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LinkRequest) GetCaller() *Caller {
@@ -1356,7 +1932,7 @@ type SymlinkRequest struct {
 
 func (x *SymlinkRequest) Reset() {
 	*x = SymlinkRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[16]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1944,7 @@ func (x *SymlinkRequest) String() string {
 func (*SymlinkRequest) ProtoMessage() {}
 
 func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[16]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1957,7 @@ func (x *SymlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SymlinkRequest.ProtoReflect.Descriptor instead.
 func (*SymlinkRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{16}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SymlinkRequest) GetCaller() *Caller {
@@ -1421,7 +1997,7 @@ type ReadlinkRequest struct {
 
 func (x *ReadlinkRequest) Reset() {
 	*x = ReadlinkRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[17]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +2009,7 @@ func (x *ReadlinkRequest) String() string {
 func (*ReadlinkRequest) ProtoMessage() {}
 
 func (x *ReadlinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[17]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +2022,7 @@ func (x *ReadlinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkRequest.ProtoReflect.Descriptor instead.
 func (*ReadlinkRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{17}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadlinkRequest) GetIno() uint64 {
@@ -1465,7 +2041,7 @@ type ReadlinkResponse struct {
 
 func (x *ReadlinkResponse) Reset() {
 	*x = ReadlinkResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[18]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +2053,7 @@ func (x *ReadlinkResponse) String() string {
 func (*ReadlinkResponse) ProtoMessage() {}
 
 func (x *ReadlinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[18]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +2066,7 @@ func (x *ReadlinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadlinkResponse.ProtoReflect.Descriptor instead.
 func (*ReadlinkResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{18}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadlinkResponse) GetTarget() string {
@@ -1516,7 +2092,7 @@ type ReadDirRequest struct {
 
 func (x *ReadDirRequest) Reset() {
 	*x = ReadDirRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[19]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +2104,7 @@ func (x *ReadDirRequest) String() string {
 func (*ReadDirRequest) ProtoMessage() {}
 
 func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[19]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +2117,7 @@ func (x *ReadDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirRequest.ProtoReflect.Descriptor instead.
 func (*ReadDirRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{19}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadDirRequest) GetCaller() *Caller {
@@ -1592,7 +2168,7 @@ type DirEntry struct {
 
 func (x *DirEntry) Reset() {
 	*x = DirEntry{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[20]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +2180,7 @@ func (x *DirEntry) String() string {
 func (*DirEntry) ProtoMessage() {}
 
 func (x *DirEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[20]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +2193,7 @@ func (x *DirEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DirEntry.ProtoReflect.Descriptor instead.
 func (*DirEntry) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{20}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DirEntry) GetName() string {
@@ -1659,7 +2235,7 @@ type ReadDirResponse struct {
 
 func (x *ReadDirResponse) Reset() {
 	*x = ReadDirResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[21]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +2247,7 @@ func (x *ReadDirResponse) String() string {
 func (*ReadDirResponse) ProtoMessage() {}
 
 func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[21]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +2260,7 @@ func (x *ReadDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadDirResponse.ProtoReflect.Descriptor instead.
 func (*ReadDirResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{21}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadDirResponse) GetEntries() []*DirEntry {
@@ -1713,7 +2289,7 @@ type OpenRequest struct {
 
 func (x *OpenRequest) Reset() {
 	*x = OpenRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[22]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +2301,7 @@ func (x *OpenRequest) String() string {
 func (*OpenRequest) ProtoMessage() {}
 
 func (x *OpenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[22]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +2314,7 @@ func (x *OpenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRequest.ProtoReflect.Descriptor instead.
 func (*OpenRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{22}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *OpenRequest) GetCaller() *Caller {
@@ -1782,7 +2358,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[23]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +2370,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[23]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +2383,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{23}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReleaseRequest) GetIno() uint64 {
@@ -1839,7 +2415,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[24]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2427,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[24]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2440,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{24}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{34}
 }
 
 type AccessRequest struct {
@@ -1878,7 +2454,7 @@ type AccessRequest struct {
 
 func (x *AccessRequest) Reset() {
 	*x = AccessRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[25]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2466,7 @@ func (x *AccessRequest) String() string {
 func (*AccessRequest) ProtoMessage() {}
 
 func (x *AccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[25]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2479,7 @@ func (x *AccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessRequest.ProtoReflect.Descriptor instead.
 func (*AccessRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{25}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AccessRequest) GetCaller() *Caller {
@@ -1935,7 +2511,7 @@ type AccessResponse struct {
 
 func (x *AccessResponse) Reset() {
 	*x = AccessResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[26]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2523,7 @@ func (x *AccessResponse) String() string {
 func (*AccessResponse) ProtoMessage() {}
 
 func (x *AccessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[26]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2536,7 @@ func (x *AccessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessResponse.ProtoReflect.Descriptor instead.
 func (*AccessResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{26}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{36}
 }
 
 // CommitWriteRequest records that data was written to a file: its length
@@ -1977,7 +2553,7 @@ type CommitWriteRequest struct {
 
 func (x *CommitWriteRequest) Reset() {
 	*x = CommitWriteRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[27]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2565,7 @@ func (x *CommitWriteRequest) String() string {
 func (*CommitWriteRequest) ProtoMessage() {}
 
 func (x *CommitWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[27]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2578,7 @@ func (x *CommitWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitWriteRequest.ProtoReflect.Descriptor instead.
 func (*CommitWriteRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{27}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CommitWriteRequest) GetCaller() *Caller {
@@ -2041,7 +2617,7 @@ type StatFSRequest struct {
 
 func (x *StatFSRequest) Reset() {
 	*x = StatFSRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[28]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2629,7 @@ func (x *StatFSRequest) String() string {
 func (*StatFSRequest) ProtoMessage() {}
 
 func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[28]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2642,7 @@ func (x *StatFSRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSRequest.ProtoReflect.Descriptor instead.
 func (*StatFSRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{28}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{38}
 }
 
 type StatFSResponse struct {
@@ -2082,7 +2658,7 @@ type StatFSResponse struct {
 
 func (x *StatFSResponse) Reset() {
 	*x = StatFSResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[29]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2670,7 @@ func (x *StatFSResponse) String() string {
 func (*StatFSResponse) ProtoMessage() {}
 
 func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[29]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2683,7 @@ func (x *StatFSResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFSResponse.ProtoReflect.Descriptor instead.
 func (*StatFSResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{29}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatFSResponse) GetTotalBytes() uint64 {
@@ -2156,7 +2732,7 @@ type GetXattrRequest struct {
 
 func (x *GetXattrRequest) Reset() {
 	*x = GetXattrRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[30]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2744,7 @@ func (x *GetXattrRequest) String() string {
 func (*GetXattrRequest) ProtoMessage() {}
 
 func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[30]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2757,7 @@ func (x *GetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrRequest.ProtoReflect.Descriptor instead.
 func (*GetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{30}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetXattrRequest) GetCaller() *Caller {
@@ -2214,7 +2790,7 @@ type GetXattrResponse struct {
 
 func (x *GetXattrResponse) Reset() {
 	*x = GetXattrResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[31]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2802,7 @@ func (x *GetXattrResponse) String() string {
 func (*GetXattrResponse) ProtoMessage() {}
 
 func (x *GetXattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[31]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2815,7 @@ func (x *GetXattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetXattrResponse.ProtoReflect.Descriptor instead.
 func (*GetXattrResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{31}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetXattrResponse) GetValue() []byte {
@@ -2262,7 +2838,7 @@ type SetXattrRequest struct {
 
 func (x *SetXattrRequest) Reset() {
 	*x = SetXattrRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[32]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2850,7 @@ func (x *SetXattrRequest) String() string {
 func (*SetXattrRequest) ProtoMessage() {}
 
 func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[32]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2863,7 @@ func (x *SetXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetXattrRequest.ProtoReflect.Descriptor instead.
 func (*SetXattrRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{32}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetXattrRequest) GetCaller() *Caller {
@@ -2333,7 +2909,7 @@ type SetXattrResponse struct {
 
 func (x *SetXattrResponse) Reset() {
 	*x = SetXattrResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[33]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +2921,7 @@ func (x *SetXattrResponse) String() string {
 func (*SetXattrResponse) ProtoMessage() {}
 
 func (x *SetXattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[33]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +2934,7 @@ func (x *SetXattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetXattrResponse.ProtoReflect.Descriptor instead.
 func (*SetXattrResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{33}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{43}
 }
 
 type ListXattrRequest struct {
@@ -2371,7 +2947,7 @@ type ListXattrRequest struct {
 
 func (x *ListXattrRequest) Reset() {
 	*x = ListXattrRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[34]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2959,7 @@ func (x *ListXattrRequest) String() string {
 func (*ListXattrRequest) ProtoMessage() {}
 
 func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[34]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2972,7 @@ func (x *ListXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrRequest.ProtoReflect.Descriptor instead.
 func (*ListXattrRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{34}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListXattrRequest) GetCaller() *Caller {
@@ -2422,7 +2998,7 @@ type ListXattrResponse struct {
 
 func (x *ListXattrResponse) Reset() {
 	*x = ListXattrResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[35]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +3010,7 @@ func (x *ListXattrResponse) String() string {
 func (*ListXattrResponse) ProtoMessage() {}
 
 func (x *ListXattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[35]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +3023,7 @@ func (x *ListXattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListXattrResponse.ProtoReflect.Descriptor instead.
 func (*ListXattrResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{35}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListXattrResponse) GetNames() []string {
@@ -2468,7 +3044,7 @@ type RemoveXattrRequest struct {
 
 func (x *RemoveXattrRequest) Reset() {
 	*x = RemoveXattrRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[36]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +3056,7 @@ func (x *RemoveXattrRequest) String() string {
 func (*RemoveXattrRequest) ProtoMessage() {}
 
 func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[36]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +3069,7 @@ func (x *RemoveXattrRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveXattrRequest.ProtoReflect.Descriptor instead.
 func (*RemoveXattrRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{36}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveXattrRequest) GetCaller() *Caller {
@@ -2525,7 +3101,7 @@ type RemoveXattrResponse struct {
 
 func (x *RemoveXattrResponse) Reset() {
 	*x = RemoveXattrResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[37]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2537,7 +3113,7 @@ func (x *RemoveXattrResponse) String() string {
 func (*RemoveXattrResponse) ProtoMessage() {}
 
 func (x *RemoveXattrResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[37]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2550,7 +3126,7 @@ func (x *RemoveXattrResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveXattrResponse.ProtoReflect.Descriptor instead.
 func (*RemoveXattrResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{37}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{47}
 }
 
 type GetLayoutRequest struct {
@@ -2563,7 +3139,7 @@ type GetLayoutRequest struct {
 
 func (x *GetLayoutRequest) Reset() {
 	*x = GetLayoutRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[38]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +3151,7 @@ func (x *GetLayoutRequest) String() string {
 func (*GetLayoutRequest) ProtoMessage() {}
 
 func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[38]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +3164,7 @@ func (x *GetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{38}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetLayoutRequest) GetCaller() *Caller {
@@ -2619,7 +3195,7 @@ type GetLayoutResponse struct {
 
 func (x *GetLayoutResponse) Reset() {
 	*x = GetLayoutResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[39]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +3207,7 @@ func (x *GetLayoutResponse) String() string {
 func (*GetLayoutResponse) ProtoMessage() {}
 
 func (x *GetLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[39]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +3220,7 @@ func (x *GetLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutResponse.ProtoReflect.Descriptor instead.
 func (*GetLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{39}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetLayoutResponse) GetLayout() *Layout {
@@ -2681,7 +3257,7 @@ type SetLayoutRequest struct {
 
 func (x *SetLayoutRequest) Reset() {
 	*x = SetLayoutRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[40]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +3269,7 @@ func (x *SetLayoutRequest) String() string {
 func (*SetLayoutRequest) ProtoMessage() {}
 
 func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[40]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +3282,7 @@ func (x *SetLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutRequest.ProtoReflect.Descriptor instead.
 func (*SetLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{40}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SetLayoutRequest) GetCaller() *Caller {
@@ -2739,7 +3315,7 @@ type SetLayoutResponse struct {
 
 func (x *SetLayoutResponse) Reset() {
 	*x = SetLayoutResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[41]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +3327,7 @@ func (x *SetLayoutResponse) String() string {
 func (*SetLayoutResponse) ProtoMessage() {}
 
 func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[41]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +3340,7 @@ func (x *SetLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLayoutResponse.ProtoReflect.Descriptor instead.
 func (*SetLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{41}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetLayoutResponse) GetLayout() *Layout {
@@ -2785,7 +3361,7 @@ type OpenSessionRequest struct {
 
 func (x *OpenSessionRequest) Reset() {
 	*x = OpenSessionRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[42]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +3373,7 @@ func (x *OpenSessionRequest) String() string {
 func (*OpenSessionRequest) ProtoMessage() {}
 
 func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[42]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +3386,7 @@ func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
 func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{42}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *OpenSessionRequest) GetHost() string {
@@ -2852,7 +3428,7 @@ type OpenSessionResponse struct {
 
 func (x *OpenSessionResponse) Reset() {
 	*x = OpenSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[43]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +3440,7 @@ func (x *OpenSessionResponse) String() string {
 func (*OpenSessionResponse) ProtoMessage() {}
 
 func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[43]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +3453,7 @@ func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionResponse.ProtoReflect.Descriptor instead.
 func (*OpenSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{43}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *OpenSessionResponse) GetSession() string {
@@ -2917,7 +3493,7 @@ type RenewSessionRequest struct {
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[44]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3505,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[44]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3518,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{44}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RenewSessionRequest) GetSession() string {
@@ -2965,7 +3541,7 @@ type RenewSessionResponse struct {
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[45]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2977,7 +3553,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[45]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2990,7 +3566,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{45}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RenewSessionResponse) GetMetaAddresses() []string {
@@ -3016,7 +3592,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[46]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3604,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[46]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3617,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{46}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CloseSessionRequest) GetSession() string {
@@ -3059,7 +3635,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[47]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3647,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[47]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3660,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{47}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
 }
 
 // TargetReport is a data server's report of one target (disk directory).
@@ -3112,7 +3688,7 @@ type TargetReport struct {
 
 func (x *TargetReport) Reset() {
 	*x = TargetReport{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[48]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3700,7 @@ func (x *TargetReport) String() string {
 func (*TargetReport) ProtoMessage() {}
 
 func (x *TargetReport) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[48]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3713,7 @@ func (x *TargetReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetReport.ProtoReflect.Descriptor instead.
 func (*TargetReport) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{48}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TargetReport) GetUuid() string {
@@ -3229,7 +3805,7 @@ type SyncProgress struct {
 
 func (x *SyncProgress) Reset() {
 	*x = SyncProgress{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3241,7 +3817,7 @@ func (x *SyncProgress) String() string {
 func (*SyncProgress) ProtoMessage() {}
 
 func (x *SyncProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[49]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3254,7 +3830,7 @@ func (x *SyncProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncProgress.ProtoReflect.Descriptor instead.
 func (*SyncProgress) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{49}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SyncProgress) GetChainId() uint64 {
@@ -3297,7 +3873,7 @@ type RegisterServerRequest struct {
 
 func (x *RegisterServerRequest) Reset() {
 	*x = RegisterServerRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3885,7 @@ func (x *RegisterServerRequest) String() string {
 func (*RegisterServerRequest) ProtoMessage() {}
 
 func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[50]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3898,7 @@ func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterServerRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{50}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RegisterServerRequest) GetUuid() string {
@@ -3393,7 +3969,7 @@ type RegisterServerResponse struct {
 
 func (x *RegisterServerResponse) Reset() {
 	*x = RegisterServerResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3981,7 @@ func (x *RegisterServerResponse) String() string {
 func (*RegisterServerResponse) ProtoMessage() {}
 
 func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[51]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3994,7 @@ func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterServerResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{51}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RegisterServerResponse) GetServerId() uint64 {
@@ -3475,7 +4051,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +4063,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[52]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +4076,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{52}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *HeartbeatRequest) GetServerId() uint64 {
@@ -3544,7 +4120,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +4132,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +4145,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *HeartbeatResponse) GetChains() *ChainTable {
@@ -3608,7 +4184,7 @@ type Chain struct {
 
 func (x *Chain) Reset() {
 	*x = Chain{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +4196,7 @@ func (x *Chain) String() string {
 func (*Chain) ProtoMessage() {}
 
 func (x *Chain) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +4209,7 @@ func (x *Chain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chain.ProtoReflect.Descriptor instead.
 func (*Chain) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Chain) GetId() uint64 {
@@ -3679,7 +4255,7 @@ type ChainMember struct {
 
 func (x *ChainMember) Reset() {
 	*x = ChainMember{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +4267,7 @@ func (x *ChainMember) String() string {
 func (*ChainMember) ProtoMessage() {}
 
 func (x *ChainMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +4280,7 @@ func (x *ChainMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainMember.ProtoReflect.Descriptor instead.
 func (*ChainMember) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ChainMember) GetTargetId() uint64 {
@@ -3752,7 +4328,7 @@ type ChainTable struct {
 
 func (x *ChainTable) Reset() {
 	*x = ChainTable{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +4340,7 @@ func (x *ChainTable) String() string {
 func (*ChainTable) ProtoMessage() {}
 
 func (x *ChainTable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +4353,7 @@ func (x *ChainTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainTable.ProtoReflect.Descriptor instead.
 func (*ChainTable) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ChainTable) GetVersion() uint64 {
@@ -3808,7 +4384,7 @@ type ReportSyncedRequest struct {
 
 func (x *ReportSyncedRequest) Reset() {
 	*x = ReportSyncedRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3820,7 +4396,7 @@ func (x *ReportSyncedRequest) String() string {
 func (*ReportSyncedRequest) ProtoMessage() {}
 
 func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3833,7 +4409,7 @@ func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedRequest.ProtoReflect.Descriptor instead.
 func (*ReportSyncedRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReportSyncedRequest) GetServerId() uint64 {
@@ -3873,7 +4449,7 @@ type ReportSyncedResponse struct {
 
 func (x *ReportSyncedResponse) Reset() {
 	*x = ReportSyncedResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +4461,7 @@ func (x *ReportSyncedResponse) String() string {
 func (*ReportSyncedResponse) ProtoMessage() {}
 
 func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +4474,7 @@ func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedResponse.ProtoReflect.Descriptor instead.
 func (*ReportSyncedResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReportSyncedResponse) GetChains() *ChainTable {
@@ -3919,7 +4495,7 @@ type RemoveTargetRequest struct {
 
 func (x *RemoveTargetRequest) Reset() {
 	*x = RemoveTargetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4507,7 @@ func (x *RemoveTargetRequest) String() string {
 func (*RemoveTargetRequest) ProtoMessage() {}
 
 func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4520,7 @@ func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
 func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RemoveTargetRequest) GetTargetId() uint64 {
@@ -3964,7 +4540,7 @@ type RemoveTargetResponse struct {
 
 func (x *RemoveTargetResponse) Reset() {
 	*x = RemoveTargetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3976,7 +4552,7 @@ func (x *RemoveTargetResponse) String() string {
 func (*RemoveTargetResponse) ProtoMessage() {}
 
 func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3989,7 +4565,7 @@ func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
 func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RemoveTargetResponse) GetChainsChanged() uint32 {
@@ -4018,7 +4594,7 @@ type ChainSummary struct {
 
 func (x *ChainSummary) Reset() {
 	*x = ChainSummary{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4606,7 @@ func (x *ChainSummary) String() string {
 func (*ChainSummary) ProtoMessage() {}
 
 func (x *ChainSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4619,7 @@ func (x *ChainSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainSummary.ProtoReflect.Descriptor instead.
 func (*ChainSummary) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{61}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ChainSummary) GetReplicas() uint32 {
@@ -4096,7 +4672,7 @@ type GetChainsRequest struct {
 
 func (x *GetChainsRequest) Reset() {
 	*x = GetChainsRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4684,7 @@ func (x *GetChainsRequest) String() string {
 func (*GetChainsRequest) ProtoMessage() {}
 
 func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4697,7 @@ func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChainsRequest.ProtoReflect.Descriptor instead.
 func (*GetChainsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{62}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
 }
 
 type ServerStatus struct {
@@ -4140,7 +4716,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4152,7 +4728,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4165,7 +4741,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{63}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ServerStatus) GetId() uint64 {
@@ -4246,7 +4822,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4258,7 +4834,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4271,7 +4847,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *TargetStatus) GetId() uint64 {
@@ -4359,7 +4935,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4371,7 +4947,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4384,7 +4960,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
 }
 
 type StatusResponse struct {
@@ -4418,7 +4994,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +5006,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +5019,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StatusResponse) GetClusterId() string {
@@ -4596,7 +5172,7 @@ type SessionStatus struct {
 
 func (x *SessionStatus) Reset() {
 	*x = SessionStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4608,7 +5184,7 @@ func (x *SessionStatus) String() string {
 func (*SessionStatus) ProtoMessage() {}
 
 func (x *SessionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4621,7 +5197,7 @@ func (x *SessionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionStatus.ProtoReflect.Descriptor instead.
 func (*SessionStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SessionStatus) GetId() string {
@@ -4689,7 +5265,7 @@ type MetaServerStatus struct {
 
 func (x *MetaServerStatus) Reset() {
 	*x = MetaServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +5277,7 @@ func (x *MetaServerStatus) String() string {
 func (*MetaServerStatus) ProtoMessage() {}
 
 func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +5290,7 @@ func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaServerStatus.ProtoReflect.Descriptor instead.
 func (*MetaServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *MetaServerStatus) GetId() string {
@@ -4777,7 +5353,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4789,7 +5365,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4802,7 +5378,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *LockRequest) GetCaller() *Caller {
@@ -4883,7 +5459,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4895,7 +5471,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4908,7 +5484,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *LockResponse) GetType() uint32 {
@@ -4956,7 +5532,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4968,7 +5544,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4981,7 +5557,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *WatchRequest) GetSession() string {
@@ -5000,14 +5576,17 @@ type Invalidation struct {
 	Entries []*EntryChange `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
 	// The server may have missed changes (restart, overflow): drop every
 	// cached item.
-	All           bool `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	All bool `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	// Create delegations recalled: send what was made under them, then
+	// return them.
+	Recalls       []*Recall `protobuf:"bytes,4,rep,name=recalls,proto3" json:"recalls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Invalidation) Reset() {
 	*x = Invalidation{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5019,7 +5598,7 @@ func (x *Invalidation) String() string {
 func (*Invalidation) ProtoMessage() {}
 
 func (x *Invalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5032,7 +5611,7 @@ func (x *Invalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
 func (*Invalidation) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Invalidation) GetInodes() []uint64 {
@@ -5056,6 +5635,66 @@ func (x *Invalidation) GetAll() bool {
 	return false
 }
 
+func (x *Invalidation) GetRecalls() []*Recall {
+	if x != nil {
+		return x.Recalls
+	}
+	return nil
+}
+
+// Recall names one create delegation the meta service wants back.
+type Recall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dir           uint64                 `protobuf:"varint,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Recall) Reset() {
+	*x = Recall{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recall) ProtoMessage() {}
+
+func (x *Recall) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recall.ProtoReflect.Descriptor instead.
+func (*Recall) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *Recall) GetDir() uint64 {
+	if x != nil {
+		return x.Dir
+	}
+	return 0
+}
+
+func (x *Recall) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // EntryChange names one directory entry.
 type EntryChange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -5067,7 +5706,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5079,7 +5718,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5092,7 +5731,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *EntryChange) GetParent() uint64 {
@@ -5121,7 +5760,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5133,7 +5772,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5146,7 +5785,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ForgetRequest) GetSession() string {
@@ -5171,7 +5810,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5183,7 +5822,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5196,7 +5835,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{86}
 }
 
 // FsckRequest checks the namespace and the chunks on the data servers.
@@ -5210,7 +5849,7 @@ type FsckRequest struct {
 
 func (x *FsckRequest) Reset() {
 	*x = FsckRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5222,7 +5861,7 @@ func (x *FsckRequest) String() string {
 func (*FsckRequest) ProtoMessage() {}
 
 func (x *FsckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5235,7 +5874,7 @@ func (x *FsckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckRequest.ProtoReflect.Descriptor instead.
 func (*FsckRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *FsckRequest) GetRepair() bool {
@@ -5262,7 +5901,7 @@ type FsckProblem struct {
 
 func (x *FsckProblem) Reset() {
 	*x = FsckProblem{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5274,7 +5913,7 @@ func (x *FsckProblem) String() string {
 func (*FsckProblem) ProtoMessage() {}
 
 func (x *FsckProblem) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5287,7 +5926,7 @@ func (x *FsckProblem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckProblem.ProtoReflect.Descriptor instead.
 func (*FsckProblem) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *FsckProblem) GetKind() string {
@@ -5347,7 +5986,7 @@ type FsckResponse struct {
 
 func (x *FsckResponse) Reset() {
 	*x = FsckResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5359,7 +5998,7 @@ func (x *FsckResponse) String() string {
 func (*FsckResponse) ProtoMessage() {}
 
 func (x *FsckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5372,7 +6011,7 @@ func (x *FsckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckResponse.ProtoReflect.Descriptor instead.
 func (*FsckResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *FsckResponse) GetProblems() []*FsckProblem {
@@ -5431,7 +6070,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5443,7 +6082,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5456,7 +6095,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -5486,7 +6125,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5498,7 +6137,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5511,7 +6150,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -5545,7 +6184,7 @@ type BatchResponse struct {
 
 func (x *BatchResponse) Reset() {
 	*x = BatchResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5557,7 +6196,7 @@ func (x *BatchResponse) String() string {
 func (*BatchResponse) ProtoMessage() {}
 
 func (x *BatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5570,7 +6209,7 @@ func (x *BatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
 func (*BatchResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *BatchResponse) GetReplies() []*BatchReply {
@@ -5593,7 +6232,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5605,7 +6244,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5618,7 +6257,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *BatchReply) GetResponse() []byte {
@@ -5702,7 +6341,45 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"open_flags\x18\b \x01(\rR\topenFlags\"M\n" +
 	"\x0eCreateResponse\x12!\n" +
 	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"w\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"L\n" +
+	"\x0fDelegateRequest\x12'\n" +
+	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\x04R\x03dir\"\xa7\x01\n" +
+	"\x10DelegateResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x1b\n" +
+	"\tino_first\x18\x03 \x01(\x04R\binoFirst\x12\x1b\n" +
+	"\tino_count\x18\x04 \x01(\x04R\binoCount\x12\x1f\n" +
+	"\x03dir\x18\x05 \x01(\v2\r.weft.v1.AttrR\x03dir\"e\n" +
+	"\x17ReturnDelegationRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\"\x1a\n" +
+	"\x18ReturnDelegationResponse\"\x9d\x01\n" +
+	"\aNewFile\x12'\n" +
+	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x10\n" +
+	"\x03ino\x18\x05 \x01(\x04R\x03ino\x12\x17\n" +
+	"\atime_ns\x18\x06 \x01(\x03R\x06timeNs\"U\n" +
+	"\x11CreateManyRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12&\n" +
+	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05files\"^\n" +
+	"\rNewFileResult\x12!\n" +
+	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12\x14\n" +
+	"\x05errno\x18\x02 \x01(\rR\x05errno\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"F\n" +
+	"\x12CreateManyResponse\x120\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.weft.v1.NewFileResultR\aresults\"B\n" +
+	"\x12RecordOpensRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
+	"\x04inos\x18\x02 \x03(\x04R\x04inos\"\x15\n" +
+	"\x13RecordOpensResponse\"w\n" +
 	"\fMkdirRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -6013,11 +6690,17 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x14\n" +
 	"\x05owner\x18\x05 \x01(\x04R\x05owner\"(\n" +
 	"\fWatchRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"h\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"\x93\x01\n" +
 	"\fInvalidation\x12\x16\n" +
 	"\x06inodes\x18\x01 \x03(\x04R\x06inodes\x12.\n" +
 	"\aentries\x18\x02 \x03(\v2\x14.weft.v1.EntryChangeR\aentries\x12\x10\n" +
-	"\x03all\x18\x03 \x01(\bR\x03all\"9\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12)\n" +
+	"\arecalls\x18\x04 \x03(\v2\x0f.weft.v1.RecallR\arecalls\":\n" +
+	"\x06Recall\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\x04R\x03dir\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"9\n" +
 	"\vEntryChange\x12\x16\n" +
 	"\x06parent\x18\x01 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"A\n" +
@@ -6074,12 +6757,17 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xe8\x12\n" +
+	"\rXATTR_REPLACE\x10\x022\x93\x15\n" +
 	"\x04Meta\x127\n" +
 	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\aSetAttr\x12\x17.weft.v1.SetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\x125\n" +
+	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\x12?\n" +
+	"\bDelegate\x12\x18.weft.v1.DelegateRequest\x1a\x19.weft.v1.DelegateResponse\x12W\n" +
+	"\x10ReturnDelegation\x12 .weft.v1.ReturnDelegationRequest\x1a!.weft.v1.ReturnDelegationResponse\x12E\n" +
+	"\n" +
+	"CreateMany\x12\x1a.weft.v1.CreateManyRequest\x1a\x1b.weft.v1.CreateManyResponse\x12H\n" +
+	"\vRecordOpens\x12\x1b.weft.v1.RecordOpensRequest\x1a\x1c.weft.v1.RecordOpensResponse\x125\n" +
 	"\x05Mkdir\x12\x15.weft.v1.MkdirRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
 	"\x06Unlink\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\x128\n" +
 	"\x05Rmdir\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\x129\n" +
@@ -6128,228 +6816,254 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
-	(SetAttrValid)(0),              // 0: weft.v1.SetAttrValid
-	(RenameFlags)(0),               // 1: weft.v1.RenameFlags
-	(XattrFlags)(0),                // 2: weft.v1.XattrFlags
-	(*Caller)(nil),                 // 3: weft.v1.Caller
-	(*Layout)(nil),                 // 4: weft.v1.Layout
-	(*Attr)(nil),                   // 5: weft.v1.Attr
-	(*Errno)(nil),                  // 6: weft.v1.Errno
-	(*LookupRequest)(nil),          // 7: weft.v1.LookupRequest
-	(*AttrResponse)(nil),           // 8: weft.v1.AttrResponse
-	(*GetAttrRequest)(nil),         // 9: weft.v1.GetAttrRequest
-	(*SetAttrRequest)(nil),         // 10: weft.v1.SetAttrRequest
-	(*CreateRequest)(nil),          // 11: weft.v1.CreateRequest
-	(*CreateResponse)(nil),         // 12: weft.v1.CreateResponse
-	(*MkdirRequest)(nil),           // 13: weft.v1.MkdirRequest
-	(*RemoveRequest)(nil),          // 14: weft.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 15: weft.v1.RemoveResponse
-	(*RenameRequest)(nil),          // 16: weft.v1.RenameRequest
-	(*RenameResponse)(nil),         // 17: weft.v1.RenameResponse
-	(*LinkRequest)(nil),            // 18: weft.v1.LinkRequest
-	(*SymlinkRequest)(nil),         // 19: weft.v1.SymlinkRequest
-	(*ReadlinkRequest)(nil),        // 20: weft.v1.ReadlinkRequest
-	(*ReadlinkResponse)(nil),       // 21: weft.v1.ReadlinkResponse
-	(*ReadDirRequest)(nil),         // 22: weft.v1.ReadDirRequest
-	(*DirEntry)(nil),               // 23: weft.v1.DirEntry
-	(*ReadDirResponse)(nil),        // 24: weft.v1.ReadDirResponse
-	(*OpenRequest)(nil),            // 25: weft.v1.OpenRequest
-	(*ReleaseRequest)(nil),         // 26: weft.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 27: weft.v1.ReleaseResponse
-	(*AccessRequest)(nil),          // 28: weft.v1.AccessRequest
-	(*AccessResponse)(nil),         // 29: weft.v1.AccessResponse
-	(*CommitWriteRequest)(nil),     // 30: weft.v1.CommitWriteRequest
-	(*StatFSRequest)(nil),          // 31: weft.v1.StatFSRequest
-	(*StatFSResponse)(nil),         // 32: weft.v1.StatFSResponse
-	(*GetXattrRequest)(nil),        // 33: weft.v1.GetXattrRequest
-	(*GetXattrResponse)(nil),       // 34: weft.v1.GetXattrResponse
-	(*SetXattrRequest)(nil),        // 35: weft.v1.SetXattrRequest
-	(*SetXattrResponse)(nil),       // 36: weft.v1.SetXattrResponse
-	(*ListXattrRequest)(nil),       // 37: weft.v1.ListXattrRequest
-	(*ListXattrResponse)(nil),      // 38: weft.v1.ListXattrResponse
-	(*RemoveXattrRequest)(nil),     // 39: weft.v1.RemoveXattrRequest
-	(*RemoveXattrResponse)(nil),    // 40: weft.v1.RemoveXattrResponse
-	(*GetLayoutRequest)(nil),       // 41: weft.v1.GetLayoutRequest
-	(*GetLayoutResponse)(nil),      // 42: weft.v1.GetLayoutResponse
-	(*SetLayoutRequest)(nil),       // 43: weft.v1.SetLayoutRequest
-	(*SetLayoutResponse)(nil),      // 44: weft.v1.SetLayoutResponse
-	(*OpenSessionRequest)(nil),     // 45: weft.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),    // 46: weft.v1.OpenSessionResponse
-	(*RenewSessionRequest)(nil),    // 47: weft.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),   // 48: weft.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),    // 49: weft.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),   // 50: weft.v1.CloseSessionResponse
-	(*TargetReport)(nil),           // 51: weft.v1.TargetReport
-	(*SyncProgress)(nil),           // 52: weft.v1.SyncProgress
-	(*RegisterServerRequest)(nil),  // 53: weft.v1.RegisterServerRequest
-	(*RegisterServerResponse)(nil), // 54: weft.v1.RegisterServerResponse
-	(*HeartbeatRequest)(nil),       // 55: weft.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),      // 56: weft.v1.HeartbeatResponse
-	(*Chain)(nil),                  // 57: weft.v1.Chain
-	(*ChainMember)(nil),            // 58: weft.v1.ChainMember
-	(*ChainTable)(nil),             // 59: weft.v1.ChainTable
-	(*ReportSyncedRequest)(nil),    // 60: weft.v1.ReportSyncedRequest
-	(*ReportSyncedResponse)(nil),   // 61: weft.v1.ReportSyncedResponse
-	(*RemoveTargetRequest)(nil),    // 62: weft.v1.RemoveTargetRequest
-	(*RemoveTargetResponse)(nil),   // 63: weft.v1.RemoveTargetResponse
-	(*ChainSummary)(nil),           // 64: weft.v1.ChainSummary
-	(*GetChainsRequest)(nil),       // 65: weft.v1.GetChainsRequest
-	(*ServerStatus)(nil),           // 66: weft.v1.ServerStatus
-	(*TargetStatus)(nil),           // 67: weft.v1.TargetStatus
-	(*StatusRequest)(nil),          // 68: weft.v1.StatusRequest
-	(*StatusResponse)(nil),         // 69: weft.v1.StatusResponse
-	(*SessionStatus)(nil),          // 70: weft.v1.SessionStatus
-	(*MetaServerStatus)(nil),       // 71: weft.v1.MetaServerStatus
-	(*LockRequest)(nil),            // 72: weft.v1.LockRequest
-	(*LockResponse)(nil),           // 73: weft.v1.LockResponse
-	(*WatchRequest)(nil),           // 74: weft.v1.WatchRequest
-	(*Invalidation)(nil),           // 75: weft.v1.Invalidation
-	(*EntryChange)(nil),            // 76: weft.v1.EntryChange
-	(*ForgetRequest)(nil),          // 77: weft.v1.ForgetRequest
-	(*ForgetResponse)(nil),         // 78: weft.v1.ForgetResponse
-	(*FsckRequest)(nil),            // 79: weft.v1.FsckRequest
-	(*FsckProblem)(nil),            // 80: weft.v1.FsckProblem
-	(*FsckResponse)(nil),           // 81: weft.v1.FsckResponse
-	(*BatchRequest)(nil),           // 82: weft.v1.BatchRequest
-	(*BatchCall)(nil),              // 83: weft.v1.BatchCall
-	(*BatchResponse)(nil),          // 84: weft.v1.BatchResponse
-	(*BatchReply)(nil),             // 85: weft.v1.BatchReply
+	(SetAttrValid)(0),                // 0: weft.v1.SetAttrValid
+	(RenameFlags)(0),                 // 1: weft.v1.RenameFlags
+	(XattrFlags)(0),                  // 2: weft.v1.XattrFlags
+	(*Caller)(nil),                   // 3: weft.v1.Caller
+	(*Layout)(nil),                   // 4: weft.v1.Layout
+	(*Attr)(nil),                     // 5: weft.v1.Attr
+	(*Errno)(nil),                    // 6: weft.v1.Errno
+	(*LookupRequest)(nil),            // 7: weft.v1.LookupRequest
+	(*AttrResponse)(nil),             // 8: weft.v1.AttrResponse
+	(*GetAttrRequest)(nil),           // 9: weft.v1.GetAttrRequest
+	(*SetAttrRequest)(nil),           // 10: weft.v1.SetAttrRequest
+	(*CreateRequest)(nil),            // 11: weft.v1.CreateRequest
+	(*CreateResponse)(nil),           // 12: weft.v1.CreateResponse
+	(*DelegateRequest)(nil),          // 13: weft.v1.DelegateRequest
+	(*DelegateResponse)(nil),         // 14: weft.v1.DelegateResponse
+	(*ReturnDelegationRequest)(nil),  // 15: weft.v1.ReturnDelegationRequest
+	(*ReturnDelegationResponse)(nil), // 16: weft.v1.ReturnDelegationResponse
+	(*NewFile)(nil),                  // 17: weft.v1.NewFile
+	(*CreateManyRequest)(nil),        // 18: weft.v1.CreateManyRequest
+	(*NewFileResult)(nil),            // 19: weft.v1.NewFileResult
+	(*CreateManyResponse)(nil),       // 20: weft.v1.CreateManyResponse
+	(*RecordOpensRequest)(nil),       // 21: weft.v1.RecordOpensRequest
+	(*RecordOpensResponse)(nil),      // 22: weft.v1.RecordOpensResponse
+	(*MkdirRequest)(nil),             // 23: weft.v1.MkdirRequest
+	(*RemoveRequest)(nil),            // 24: weft.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 25: weft.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 26: weft.v1.RenameRequest
+	(*RenameResponse)(nil),           // 27: weft.v1.RenameResponse
+	(*LinkRequest)(nil),              // 28: weft.v1.LinkRequest
+	(*SymlinkRequest)(nil),           // 29: weft.v1.SymlinkRequest
+	(*ReadlinkRequest)(nil),          // 30: weft.v1.ReadlinkRequest
+	(*ReadlinkResponse)(nil),         // 31: weft.v1.ReadlinkResponse
+	(*ReadDirRequest)(nil),           // 32: weft.v1.ReadDirRequest
+	(*DirEntry)(nil),                 // 33: weft.v1.DirEntry
+	(*ReadDirResponse)(nil),          // 34: weft.v1.ReadDirResponse
+	(*OpenRequest)(nil),              // 35: weft.v1.OpenRequest
+	(*ReleaseRequest)(nil),           // 36: weft.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 37: weft.v1.ReleaseResponse
+	(*AccessRequest)(nil),            // 38: weft.v1.AccessRequest
+	(*AccessResponse)(nil),           // 39: weft.v1.AccessResponse
+	(*CommitWriteRequest)(nil),       // 40: weft.v1.CommitWriteRequest
+	(*StatFSRequest)(nil),            // 41: weft.v1.StatFSRequest
+	(*StatFSResponse)(nil),           // 42: weft.v1.StatFSResponse
+	(*GetXattrRequest)(nil),          // 43: weft.v1.GetXattrRequest
+	(*GetXattrResponse)(nil),         // 44: weft.v1.GetXattrResponse
+	(*SetXattrRequest)(nil),          // 45: weft.v1.SetXattrRequest
+	(*SetXattrResponse)(nil),         // 46: weft.v1.SetXattrResponse
+	(*ListXattrRequest)(nil),         // 47: weft.v1.ListXattrRequest
+	(*ListXattrResponse)(nil),        // 48: weft.v1.ListXattrResponse
+	(*RemoveXattrRequest)(nil),       // 49: weft.v1.RemoveXattrRequest
+	(*RemoveXattrResponse)(nil),      // 50: weft.v1.RemoveXattrResponse
+	(*GetLayoutRequest)(nil),         // 51: weft.v1.GetLayoutRequest
+	(*GetLayoutResponse)(nil),        // 52: weft.v1.GetLayoutResponse
+	(*SetLayoutRequest)(nil),         // 53: weft.v1.SetLayoutRequest
+	(*SetLayoutResponse)(nil),        // 54: weft.v1.SetLayoutResponse
+	(*OpenSessionRequest)(nil),       // 55: weft.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),      // 56: weft.v1.OpenSessionResponse
+	(*RenewSessionRequest)(nil),      // 57: weft.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),     // 58: weft.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),      // 59: weft.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),     // 60: weft.v1.CloseSessionResponse
+	(*TargetReport)(nil),             // 61: weft.v1.TargetReport
+	(*SyncProgress)(nil),             // 62: weft.v1.SyncProgress
+	(*RegisterServerRequest)(nil),    // 63: weft.v1.RegisterServerRequest
+	(*RegisterServerResponse)(nil),   // 64: weft.v1.RegisterServerResponse
+	(*HeartbeatRequest)(nil),         // 65: weft.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 66: weft.v1.HeartbeatResponse
+	(*Chain)(nil),                    // 67: weft.v1.Chain
+	(*ChainMember)(nil),              // 68: weft.v1.ChainMember
+	(*ChainTable)(nil),               // 69: weft.v1.ChainTable
+	(*ReportSyncedRequest)(nil),      // 70: weft.v1.ReportSyncedRequest
+	(*ReportSyncedResponse)(nil),     // 71: weft.v1.ReportSyncedResponse
+	(*RemoveTargetRequest)(nil),      // 72: weft.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),     // 73: weft.v1.RemoveTargetResponse
+	(*ChainSummary)(nil),             // 74: weft.v1.ChainSummary
+	(*GetChainsRequest)(nil),         // 75: weft.v1.GetChainsRequest
+	(*ServerStatus)(nil),             // 76: weft.v1.ServerStatus
+	(*TargetStatus)(nil),             // 77: weft.v1.TargetStatus
+	(*StatusRequest)(nil),            // 78: weft.v1.StatusRequest
+	(*StatusResponse)(nil),           // 79: weft.v1.StatusResponse
+	(*SessionStatus)(nil),            // 80: weft.v1.SessionStatus
+	(*MetaServerStatus)(nil),         // 81: weft.v1.MetaServerStatus
+	(*LockRequest)(nil),              // 82: weft.v1.LockRequest
+	(*LockResponse)(nil),             // 83: weft.v1.LockResponse
+	(*WatchRequest)(nil),             // 84: weft.v1.WatchRequest
+	(*Invalidation)(nil),             // 85: weft.v1.Invalidation
+	(*Recall)(nil),                   // 86: weft.v1.Recall
+	(*EntryChange)(nil),              // 87: weft.v1.EntryChange
+	(*ForgetRequest)(nil),            // 88: weft.v1.ForgetRequest
+	(*ForgetResponse)(nil),           // 89: weft.v1.ForgetResponse
+	(*FsckRequest)(nil),              // 90: weft.v1.FsckRequest
+	(*FsckProblem)(nil),              // 91: weft.v1.FsckProblem
+	(*FsckResponse)(nil),             // 92: weft.v1.FsckResponse
+	(*BatchRequest)(nil),             // 93: weft.v1.BatchRequest
+	(*BatchCall)(nil),                // 94: weft.v1.BatchCall
+	(*BatchResponse)(nil),            // 95: weft.v1.BatchResponse
+	(*BatchReply)(nil),               // 96: weft.v1.BatchReply
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
-	4,  // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
-	3,  // 1: weft.v1.LookupRequest.caller:type_name -> weft.v1.Caller
-	5,  // 2: weft.v1.AttrResponse.attr:type_name -> weft.v1.Attr
-	5,  // 3: weft.v1.AttrResponse.parent:type_name -> weft.v1.Attr
-	3,  // 4: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 5: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
-	5,  // 6: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
-	3,  // 7: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
-	3,  // 8: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
-	5,  // 9: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
-	3,  // 10: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
-	5,  // 11: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
-	5,  // 12: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
-	3,  // 13: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 14: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
-	3,  // 15: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
-	5,  // 16: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
-	23, // 17: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
-	3,  // 18: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
-	3,  // 19: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
-	3,  // 20: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
-	3,  // 21: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 22: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 23: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 24: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
-	3,  // 25: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 26: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
-	4,  // 27: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
-	3,  // 28: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,  // 29: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
-	4,  // 30: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	52, // 31: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	51, // 32: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 33: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	51, // 34: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	59, // 35: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	58, // 36: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	57, // 37: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	59, // 38: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	67, // 39: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	66, // 40: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,  // 41: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	64, // 42: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	57, // 43: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	70, // 44: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	71, // 45: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,  // 46: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	76, // 47: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	80, // 48: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	83, // 49: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	85, // 50: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,  // 51: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,  // 52: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10, // 53: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11, // 54: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13, // 55: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	14, // 56: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	14, // 57: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	16, // 58: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	18, // 59: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	19, // 60: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	20, // 61: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	22, // 62: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	25, // 63: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	26, // 64: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	28, // 65: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	30, // 66: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	31, // 67: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	33, // 68: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	35, // 69: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	37, // 70: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	39, // 71: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	41, // 72: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	43, // 73: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	82, // 74: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	45, // 75: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	47, // 76: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	49, // 77: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	53, // 78: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	55, // 79: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	65, // 80: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	60, // 81: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	62, // 82: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	68, // 83: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	72, // 84: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	72, // 85: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	74, // 86: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	77, // 87: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	79, // 88: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,  // 89: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,  // 90: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,  // 91: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12, // 92: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	8,  // 93: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	15, // 94: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	15, // 95: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	17, // 96: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,  // 97: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,  // 98: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	21, // 99: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	24, // 100: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,  // 101: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	27, // 102: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	29, // 103: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,  // 104: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	32, // 105: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	34, // 106: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	36, // 107: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	38, // 108: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	40, // 109: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	42, // 110: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	44, // 111: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	84, // 112: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	46, // 113: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	48, // 114: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	50, // 115: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	54, // 116: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	56, // 117: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	59, // 118: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	61, // 119: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	63, // 120: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	69, // 121: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	73, // 122: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	73, // 123: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	75, // 124: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	78, // 125: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	81, // 126: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	89, // [89:127] is the sub-list for method output_type
-	51, // [51:89] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	4,   // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
+	3,   // 1: weft.v1.LookupRequest.caller:type_name -> weft.v1.Caller
+	5,   // 2: weft.v1.AttrResponse.attr:type_name -> weft.v1.Attr
+	5,   // 3: weft.v1.AttrResponse.parent:type_name -> weft.v1.Attr
+	3,   // 4: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 5: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
+	5,   // 6: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
+	3,   // 7: weft.v1.DelegateRequest.caller:type_name -> weft.v1.Caller
+	5,   // 8: weft.v1.DelegateResponse.dir:type_name -> weft.v1.Attr
+	3,   // 9: weft.v1.NewFile.caller:type_name -> weft.v1.Caller
+	17,  // 10: weft.v1.CreateManyRequest.files:type_name -> weft.v1.NewFile
+	5,   // 11: weft.v1.NewFileResult.attr:type_name -> weft.v1.Attr
+	19,  // 12: weft.v1.CreateManyResponse.results:type_name -> weft.v1.NewFileResult
+	3,   // 13: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
+	3,   // 14: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
+	5,   // 15: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
+	3,   // 16: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
+	5,   // 17: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
+	5,   // 18: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
+	3,   // 19: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 20: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 21: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
+	5,   // 22: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
+	33,  // 23: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
+	3,   // 24: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
+	3,   // 25: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
+	3,   // 26: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
+	3,   // 27: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 28: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 29: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 30: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 31: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 32: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
+	4,   // 33: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
+	3,   // 34: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 35: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
+	4,   // 36: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
+	62,  // 37: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	61,  // 38: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	69,  // 39: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	61,  // 40: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	69,  // 41: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	68,  // 42: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	67,  // 43: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	69,  // 44: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	77,  // 45: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	76,  // 46: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,   // 47: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	74,  // 48: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	67,  // 49: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	80,  // 50: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	81,  // 51: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,   // 52: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	87,  // 53: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	86,  // 54: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
+	91,  // 55: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	94,  // 56: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	96,  // 57: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,   // 58: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,   // 59: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10,  // 60: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11,  // 61: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13,  // 62: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
+	15,  // 63: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
+	18,  // 64: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
+	21,  // 65: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
+	23,  // 66: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	24,  // 67: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	24,  // 68: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	26,  // 69: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	28,  // 70: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	29,  // 71: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	30,  // 72: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	32,  // 73: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	35,  // 74: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	36,  // 75: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	38,  // 76: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	40,  // 77: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	41,  // 78: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	43,  // 79: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	45,  // 80: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	47,  // 81: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	49,  // 82: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	51,  // 83: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	53,  // 84: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	93,  // 85: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	55,  // 86: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	57,  // 87: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	59,  // 88: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	63,  // 89: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	65,  // 90: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	75,  // 91: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	70,  // 92: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	72,  // 93: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	78,  // 94: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	82,  // 95: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	82,  // 96: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	84,  // 97: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	88,  // 98: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	90,  // 99: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 100: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 101: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 102: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 103: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 104: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 105: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 106: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 107: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 108: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 109: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 110: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 111: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 112: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 113: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 114: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 115: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 116: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 117: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 118: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 119: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 120: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 121: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 122: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 123: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 124: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 125: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 126: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	95,  // 127: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	56,  // 128: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	58,  // 129: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	60,  // 130: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	64,  // 131: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	66,  // 132: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	69,  // 133: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	71,  // 134: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	73,  // 135: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	79,  // 136: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	83,  // 137: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	83,  // 138: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	85,  // 139: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	89,  // 140: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	92,  // 141: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	100, // [100:142] is the sub-list for method output_type
+	58,  // [58:100] is the sub-list for method input_type
+	58,  // [58:58] is the sub-list for extension type_name
+	58,  // [58:58] is the sub-list for extension extendee
+	0,   // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -6363,7 +7077,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   83,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

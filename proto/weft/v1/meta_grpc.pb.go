@@ -22,44 +22,48 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Meta_Lookup_FullMethodName         = "/weft.v1.Meta/Lookup"
-	Meta_GetAttr_FullMethodName        = "/weft.v1.Meta/GetAttr"
-	Meta_SetAttr_FullMethodName        = "/weft.v1.Meta/SetAttr"
-	Meta_Create_FullMethodName         = "/weft.v1.Meta/Create"
-	Meta_Mkdir_FullMethodName          = "/weft.v1.Meta/Mkdir"
-	Meta_Unlink_FullMethodName         = "/weft.v1.Meta/Unlink"
-	Meta_Rmdir_FullMethodName          = "/weft.v1.Meta/Rmdir"
-	Meta_Rename_FullMethodName         = "/weft.v1.Meta/Rename"
-	Meta_Link_FullMethodName           = "/weft.v1.Meta/Link"
-	Meta_Symlink_FullMethodName        = "/weft.v1.Meta/Symlink"
-	Meta_Readlink_FullMethodName       = "/weft.v1.Meta/Readlink"
-	Meta_ReadDir_FullMethodName        = "/weft.v1.Meta/ReadDir"
-	Meta_Open_FullMethodName           = "/weft.v1.Meta/Open"
-	Meta_Release_FullMethodName        = "/weft.v1.Meta/Release"
-	Meta_Access_FullMethodName         = "/weft.v1.Meta/Access"
-	Meta_CommitWrite_FullMethodName    = "/weft.v1.Meta/CommitWrite"
-	Meta_StatFS_FullMethodName         = "/weft.v1.Meta/StatFS"
-	Meta_GetXattr_FullMethodName       = "/weft.v1.Meta/GetXattr"
-	Meta_SetXattr_FullMethodName       = "/weft.v1.Meta/SetXattr"
-	Meta_ListXattr_FullMethodName      = "/weft.v1.Meta/ListXattr"
-	Meta_RemoveXattr_FullMethodName    = "/weft.v1.Meta/RemoveXattr"
-	Meta_GetLayout_FullMethodName      = "/weft.v1.Meta/GetLayout"
-	Meta_SetLayout_FullMethodName      = "/weft.v1.Meta/SetLayout"
-	Meta_Batch_FullMethodName          = "/weft.v1.Meta/Batch"
-	Meta_OpenSession_FullMethodName    = "/weft.v1.Meta/OpenSession"
-	Meta_RenewSession_FullMethodName   = "/weft.v1.Meta/RenewSession"
-	Meta_CloseSession_FullMethodName   = "/weft.v1.Meta/CloseSession"
-	Meta_RegisterServer_FullMethodName = "/weft.v1.Meta/RegisterServer"
-	Meta_Heartbeat_FullMethodName      = "/weft.v1.Meta/Heartbeat"
-	Meta_GetChains_FullMethodName      = "/weft.v1.Meta/GetChains"
-	Meta_ReportSynced_FullMethodName   = "/weft.v1.Meta/ReportSynced"
-	Meta_RemoveTarget_FullMethodName   = "/weft.v1.Meta/RemoveTarget"
-	Meta_Status_FullMethodName         = "/weft.v1.Meta/Status"
-	Meta_GetLock_FullMethodName        = "/weft.v1.Meta/GetLock"
-	Meta_SetLock_FullMethodName        = "/weft.v1.Meta/SetLock"
-	Meta_Watch_FullMethodName          = "/weft.v1.Meta/Watch"
-	Meta_Forget_FullMethodName         = "/weft.v1.Meta/Forget"
-	Meta_Fsck_FullMethodName           = "/weft.v1.Meta/Fsck"
+	Meta_Lookup_FullMethodName           = "/weft.v1.Meta/Lookup"
+	Meta_GetAttr_FullMethodName          = "/weft.v1.Meta/GetAttr"
+	Meta_SetAttr_FullMethodName          = "/weft.v1.Meta/SetAttr"
+	Meta_Create_FullMethodName           = "/weft.v1.Meta/Create"
+	Meta_Delegate_FullMethodName         = "/weft.v1.Meta/Delegate"
+	Meta_ReturnDelegation_FullMethodName = "/weft.v1.Meta/ReturnDelegation"
+	Meta_CreateMany_FullMethodName       = "/weft.v1.Meta/CreateMany"
+	Meta_RecordOpens_FullMethodName      = "/weft.v1.Meta/RecordOpens"
+	Meta_Mkdir_FullMethodName            = "/weft.v1.Meta/Mkdir"
+	Meta_Unlink_FullMethodName           = "/weft.v1.Meta/Unlink"
+	Meta_Rmdir_FullMethodName            = "/weft.v1.Meta/Rmdir"
+	Meta_Rename_FullMethodName           = "/weft.v1.Meta/Rename"
+	Meta_Link_FullMethodName             = "/weft.v1.Meta/Link"
+	Meta_Symlink_FullMethodName          = "/weft.v1.Meta/Symlink"
+	Meta_Readlink_FullMethodName         = "/weft.v1.Meta/Readlink"
+	Meta_ReadDir_FullMethodName          = "/weft.v1.Meta/ReadDir"
+	Meta_Open_FullMethodName             = "/weft.v1.Meta/Open"
+	Meta_Release_FullMethodName          = "/weft.v1.Meta/Release"
+	Meta_Access_FullMethodName           = "/weft.v1.Meta/Access"
+	Meta_CommitWrite_FullMethodName      = "/weft.v1.Meta/CommitWrite"
+	Meta_StatFS_FullMethodName           = "/weft.v1.Meta/StatFS"
+	Meta_GetXattr_FullMethodName         = "/weft.v1.Meta/GetXattr"
+	Meta_SetXattr_FullMethodName         = "/weft.v1.Meta/SetXattr"
+	Meta_ListXattr_FullMethodName        = "/weft.v1.Meta/ListXattr"
+	Meta_RemoveXattr_FullMethodName      = "/weft.v1.Meta/RemoveXattr"
+	Meta_GetLayout_FullMethodName        = "/weft.v1.Meta/GetLayout"
+	Meta_SetLayout_FullMethodName        = "/weft.v1.Meta/SetLayout"
+	Meta_Batch_FullMethodName            = "/weft.v1.Meta/Batch"
+	Meta_OpenSession_FullMethodName      = "/weft.v1.Meta/OpenSession"
+	Meta_RenewSession_FullMethodName     = "/weft.v1.Meta/RenewSession"
+	Meta_CloseSession_FullMethodName     = "/weft.v1.Meta/CloseSession"
+	Meta_RegisterServer_FullMethodName   = "/weft.v1.Meta/RegisterServer"
+	Meta_Heartbeat_FullMethodName        = "/weft.v1.Meta/Heartbeat"
+	Meta_GetChains_FullMethodName        = "/weft.v1.Meta/GetChains"
+	Meta_ReportSynced_FullMethodName     = "/weft.v1.Meta/ReportSynced"
+	Meta_RemoveTarget_FullMethodName     = "/weft.v1.Meta/RemoveTarget"
+	Meta_Status_FullMethodName           = "/weft.v1.Meta/Status"
+	Meta_GetLock_FullMethodName          = "/weft.v1.Meta/GetLock"
+	Meta_SetLock_FullMethodName          = "/weft.v1.Meta/SetLock"
+	Meta_Watch_FullMethodName            = "/weft.v1.Meta/Watch"
+	Meta_Forget_FullMethodName           = "/weft.v1.Meta/Forget"
+	Meta_Fsck_FullMethodName             = "/weft.v1.Meta/Fsck"
 )
 
 // MetaClient is the client API for Meta service.
@@ -72,6 +76,10 @@ type MetaClient interface {
 	GetAttr(ctx context.Context, in *GetAttrRequest, opts ...grpc.CallOption) (*AttrResponse, error)
 	SetAttr(ctx context.Context, in *SetAttrRequest, opts ...grpc.CallOption) (*AttrResponse, error)
 	Create(ctx context.Context, in *CreateRequest, opts ...grpc.CallOption) (*CreateResponse, error)
+	Delegate(ctx context.Context, in *DelegateRequest, opts ...grpc.CallOption) (*DelegateResponse, error)
+	ReturnDelegation(ctx context.Context, in *ReturnDelegationRequest, opts ...grpc.CallOption) (*ReturnDelegationResponse, error)
+	CreateMany(ctx context.Context, in *CreateManyRequest, opts ...grpc.CallOption) (*CreateManyResponse, error)
+	RecordOpens(ctx context.Context, in *RecordOpensRequest, opts ...grpc.CallOption) (*RecordOpensResponse, error)
 	Mkdir(ctx context.Context, in *MkdirRequest, opts ...grpc.CallOption) (*AttrResponse, error)
 	Unlink(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	Rmdir(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
@@ -151,6 +159,46 @@ func (c *metaClient) Create(ctx context.Context, in *CreateRequest, opts ...grpc
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateResponse)
 	err := c.cc.Invoke(ctx, Meta_Create_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) Delegate(ctx context.Context, in *DelegateRequest, opts ...grpc.CallOption) (*DelegateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DelegateResponse)
+	err := c.cc.Invoke(ctx, Meta_Delegate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) ReturnDelegation(ctx context.Context, in *ReturnDelegationRequest, opts ...grpc.CallOption) (*ReturnDelegationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReturnDelegationResponse)
+	err := c.cc.Invoke(ctx, Meta_ReturnDelegation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) CreateMany(ctx context.Context, in *CreateManyRequest, opts ...grpc.CallOption) (*CreateManyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateManyResponse)
+	err := c.cc.Invoke(ctx, Meta_CreateMany_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *metaClient) RecordOpens(ctx context.Context, in *RecordOpensRequest, opts ...grpc.CallOption) (*RecordOpensResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordOpensResponse)
+	err := c.cc.Invoke(ctx, Meta_RecordOpens_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -516,6 +564,10 @@ type MetaServer interface {
 	GetAttr(context.Context, *GetAttrRequest) (*AttrResponse, error)
 	SetAttr(context.Context, *SetAttrRequest) (*AttrResponse, error)
 	Create(context.Context, *CreateRequest) (*CreateResponse, error)
+	Delegate(context.Context, *DelegateRequest) (*DelegateResponse, error)
+	ReturnDelegation(context.Context, *ReturnDelegationRequest) (*ReturnDelegationResponse, error)
+	CreateMany(context.Context, *CreateManyRequest) (*CreateManyResponse, error)
+	RecordOpens(context.Context, *RecordOpensRequest) (*RecordOpensResponse, error)
 	Mkdir(context.Context, *MkdirRequest) (*AttrResponse, error)
 	Unlink(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	Rmdir(context.Context, *RemoveRequest) (*RemoveResponse, error)
@@ -572,6 +624,18 @@ func (UnimplementedMetaServer) SetAttr(context.Context, *SetAttrRequest) (*AttrR
 }
 func (UnimplementedMetaServer) Create(context.Context, *CreateRequest) (*CreateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Create not implemented")
+}
+func (UnimplementedMetaServer) Delegate(context.Context, *DelegateRequest) (*DelegateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Delegate not implemented")
+}
+func (UnimplementedMetaServer) ReturnDelegation(context.Context, *ReturnDelegationRequest) (*ReturnDelegationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReturnDelegation not implemented")
+}
+func (UnimplementedMetaServer) CreateMany(context.Context, *CreateManyRequest) (*CreateManyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateMany not implemented")
+}
+func (UnimplementedMetaServer) RecordOpens(context.Context, *RecordOpensRequest) (*RecordOpensResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordOpens not implemented")
 }
 func (UnimplementedMetaServer) Mkdir(context.Context, *MkdirRequest) (*AttrResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Mkdir not implemented")
@@ -764,6 +828,78 @@ func _Meta_Create_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MetaServer).Create(ctx, req.(*CreateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_Delegate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DelegateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).Delegate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_Delegate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).Delegate(ctx, req.(*DelegateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_ReturnDelegation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReturnDelegationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).ReturnDelegation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_ReturnDelegation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).ReturnDelegation(ctx, req.(*ReturnDelegationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_CreateMany_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateManyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).CreateMany(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_CreateMany_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).CreateMany(ctx, req.(*CreateManyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Meta_RecordOpens_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordOpensRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MetaServer).RecordOpens(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Meta_RecordOpens_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MetaServer).RecordOpens(ctx, req.(*RecordOpensRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1395,6 +1531,22 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Create",
 			Handler:    _Meta_Create_Handler,
+		},
+		{
+			MethodName: "Delegate",
+			Handler:    _Meta_Delegate_Handler,
+		},
+		{
+			MethodName: "ReturnDelegation",
+			Handler:    _Meta_ReturnDelegation_Handler,
+		},
+		{
+			MethodName: "CreateMany",
+			Handler:    _Meta_CreateMany_Handler,
+		},
+		{
+			MethodName: "RecordOpens",
+			Handler:    _Meta_RecordOpens_Handler,
 		},
 		{
 			MethodName: "Mkdir",

@@ -1,0 +1,478 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/meta/kv"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Create delegations (README.md "Create delegations"). A client that
+// makes many files in one directory asks for the directory (Delegate);
+// while it holds it, it answers creates there itself, with inode numbers
+// reserved for it, and sends the new files in CreateMany calls, many per
+// transaction, before any close or fsync of them returns. Any call of
+// another session that reads or changes the directory first recalls the
+// delegation: the holder is told on its callback stream, sends what it
+// made, records the opens it still holds and returns the directory; the
+// call then runs. A holder that does not return it within recallWait
+// loses it, and whatever it sends later is checked like any create.
+//
+// Delegations live in this meta server's memory, so they are granted
+// only where it is the only one (the embedded engine); a restart drops
+// them, and the clients' callback streams, restarting with
+// Invalidation.all, make them stop creating on their own.
+
+// Delegation limits.
+const (
+	// delegationInos is how many inode numbers a grant reserves.
+	delegationInos = 4096
+	// recallWait is how long a call waits for a recalled delegation.
+	recallWait = 5 * time.Second
+	// maxCreateMany bounds the files of one CreateMany.
+	maxCreateMany = 1024
+)
+
+// delegation is one directory delegated to a session.
+type delegation struct {
+	session string
+	gen     uint64
+	gone    chan struct{} // closed when returned or revoked
+	recall  bool          // the holder was asked to return it
+}
+
+// delegations are the create delegations this meta server granted.
+type delegations struct {
+	mu    sync.Mutex
+	gen   uint64
+	byDir map[uint64]*delegation
+	n     atomic.Int64 // len(byDir), read without the lock
+
+	granted, recalled, revoked atomic.Uint64 // counters for status and tests
+}
+
+// dropLocked forgets d, the delegation of dir, waking whoever waits.
+func (ds *delegations) dropLocked(dir uint64, d *delegation) {
+	if ds.byDir[dir] == d {
+		delete(ds.byDir, dir)
+		ds.n.Add(-1)
+		close(d.gone)
+	}
+}
+
+// dropSession forgets every delegation of session (its end).
+func (ds *delegations) dropSession(session string) {
+	if ds.n.Load() == 0 {
+		return
+	}
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	for dir, d := range ds.byDir {
+		if d.session == session {
+			ds.dropLocked(dir, d)
+		}
+	}
+}
+
+// holder returns the session holding dir's delegation ("" if none).
+func (ds *delegations) holder(dir uint64) string {
+	if ds.n.Load() == 0 {
+		return ""
+	}
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if d := ds.byDir[dir]; d != nil {
+		return d.session
+	}
+	return ""
+}
+
+// Delegate grants the caller's session a create delegation on a
+// directory, if nobody else holds it and this meta server is the only
+// one.
+func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*weftv1.DelegateResponse, error) {
+	sess := req.GetCaller().GetSession()
+	if sess == "" {
+		return nil, status.Error(codes.InvalidArgument, "delegate: the caller has no session; mount clients have one")
+	}
+	if _, several := s.eng.(kv.Watcher); several {
+		return &weftv1.DelegateResponse{}, nil
+	}
+	c := callerOf(req.Caller)
+	op := fmt.Sprintf("delegate directory %d", req.Dir)
+	var d *weftv1.Attr
+	err := s.view(ctx, func(x *tx) error {
+		var err error
+		if d, err = x.dir(req.Dir, op); err != nil {
+			return err
+		}
+		if err := c.check(d, mayWrite|mayExec, op); err != nil {
+			return err
+		}
+		_, err = x.session(sess, op)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	ds := &s.deleg
+	ds.mu.Lock()
+	if cur := ds.byDir[req.Dir]; cur != nil && (cur.session != sess || cur.recall) {
+		ds.mu.Unlock()
+		return &weftv1.DelegateResponse{}, nil
+	}
+	ds.mu.Unlock()
+	first, err := s.reserveInos(ctx, delegationInos)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	cur := ds.byDir[req.Dir]
+	switch {
+	case cur == nil:
+		if ds.byDir == nil {
+			ds.byDir = make(map[uint64]*delegation)
+		}
+		ds.gen++
+		cur = &delegation{session: sess, gen: ds.gen, gone: make(chan struct{})}
+		ds.byDir[req.Dir] = cur
+		ds.n.Add(1)
+		ds.granted.Add(1)
+	case cur.session != sess || cur.recall:
+		return &weftv1.DelegateResponse{}, nil // taken meanwhile
+	}
+	return &weftv1.DelegateResponse{Granted: true, Generation: cur.gen, InoFirst: first,
+		InoCount: delegationInos, Dir: d}, nil
+}
+
+// ReturnDelegation gives a delegation back.
+func (s *Service) ReturnDelegation(ctx context.Context, req *weftv1.ReturnDelegationRequest) (*weftv1.ReturnDelegationResponse, error) {
+	ds := &s.deleg
+	ds.mu.Lock()
+	if d := ds.byDir[req.Dir]; d != nil && d.session == req.Session && (req.Generation == 0 || d.gen == req.Generation) {
+		ds.dropLocked(req.Dir, d)
+	}
+	ds.mu.Unlock()
+	return &weftv1.ReturnDelegationResponse{}, nil
+}
+
+// reserveInos takes n inode numbers out of the counter for a client.
+func (s *Service) reserveInos(ctx context.Context, n uint64) (uint64, error) {
+	var lo uint64
+	err := s.eng.Update(ctx, func(t kv.Txn) error {
+		next, err := getUint64(t, keyNextIno)
+		if err != nil {
+			return fmt.Errorf("read inode counter: %w", err)
+		}
+		if next <= rootIno {
+			return fmt.Errorf("inode counter is %d: metadata not initialized: %w", next, syscall.EIO)
+		}
+		lo = next
+		return t.Set(keyNextIno, be64(next+n))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("reserve inode numbers: %w", err)
+	}
+	return lo, nil
+}
+
+// recallInterceptor makes a call that reads or changes a directory
+// delegated to another session wait until the holder returned it (or
+// lost it, after recallWait).
+func (s *Service) recallInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.deleg.n.Load() == 0 {
+		return handler(ctx, req)
+	}
+	sess := requestSession(ctx, req)
+	for _, dir := range s.touchedDirs(ctx, req) {
+		if err := s.recall(ctx, dir, sess); err != nil {
+			return nil, err
+		}
+	}
+	return handler(ctx, req)
+}
+
+// touchedDirs lists the directories whose entries or attributes a call
+// reads or changes (only asked while delegations exist).
+func (s *Service) touchedDirs(ctx context.Context, req any) []uint64 {
+	switch r := req.(type) {
+	case *weftv1.LookupRequest:
+		return []uint64{r.Parent}
+	case *weftv1.GetAttrRequest:
+		return []uint64{r.Ino}
+	case *weftv1.SetAttrRequest:
+		return []uint64{r.Ino}
+	case *weftv1.CreateRequest:
+		return []uint64{r.Parent}
+	case *weftv1.MkdirRequest:
+		return []uint64{r.Parent}
+	case *weftv1.SymlinkRequest:
+		return []uint64{r.Parent}
+	case *weftv1.LinkRequest:
+		return []uint64{r.NewParent}
+	case *weftv1.ReadDirRequest:
+		return []uint64{r.Ino}
+	case *weftv1.OpenRequest:
+		return []uint64{r.Ino}
+	case *weftv1.RemoveRequest:
+		// Removing a delegated directory needs what was made in it.
+		return append([]uint64{r.Parent}, s.entryIno(ctx, r.Parent, r.Name)...)
+	case *weftv1.RenameRequest:
+		return append([]uint64{r.OldParent, r.NewParent}, s.entryIno(ctx, r.NewParent, r.NewName)...)
+	case *weftv1.CreateManyRequest:
+		dirs := make([]uint64, 0, 1)
+		for _, f := range r.Files {
+			if len(dirs) == 0 || dirs[len(dirs)-1] != f.Parent {
+				dirs = append(dirs, f.Parent)
+			}
+		}
+		return dirs
+	}
+	return nil
+}
+
+// entryIno returns the inode of name in parent if it is a delegated
+// directory.
+func (s *Service) entryIno(ctx context.Context, parent uint64, name string) []uint64 {
+	var ino uint64
+	_ = s.view(ctx, func(x *tx) error {
+		var err error
+		ino, _, _, err = x.entry(parent, name)
+		return err
+	})
+	if ino != 0 && s.deleg.holder(ino) != "" {
+		return []uint64{ino}
+	}
+	return nil
+}
+
+// recall waits until dir is not delegated to a session other than sess,
+// asking the holder to return it.
+func (s *Service) recall(ctx context.Context, dir uint64, sess string) error {
+	ds := &s.deleg
+	ds.mu.Lock()
+	d := ds.byDir[dir]
+	if d == nil || d.session == sess {
+		ds.mu.Unlock()
+		return nil
+	}
+	if !d.recall {
+		d.recall = true
+		ds.recalled.Add(1)
+		s.cb.recall(d.session, dir, d.gen)
+	}
+	ds.mu.Unlock()
+	wait := s.recallWait
+	if wait <= 0 {
+		wait = recallWait
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-d.gone:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-t.C:
+	}
+	ds.mu.Lock()
+	if ds.byDir[dir] == d {
+		ds.dropLocked(dir, d)
+		ds.revoked.Add(1)
+		s.log.Warn("a create delegation was not returned in time and is revoked; files its client sends later are checked like any create",
+			"dir", dir, "session", d.session, "waited", wait)
+	}
+	ds.mu.Unlock()
+	return nil
+}
+
+// CreateMany stores regular files made under delegations, in one
+// transaction. Each is checked like a create (the directory, permissions,
+// a free name) and its inode number must be one reserved and unused;
+// a file that fails gets its errno and the others are made.
+func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest) (*weftv1.CreateManyResponse, error) {
+	if req.Session == "" {
+		return nil, status.Error(codes.InvalidArgument, "create many: no session")
+	}
+	if len(req.Files) > maxCreateMany {
+		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d files in one call, at most %d", len(req.Files), maxCreateMany)
+	}
+	for attempt := 0; ; attempt++ {
+		resp, err := s.createMany(ctx, req)
+		if err == errLayoutChanged && attempt < 3 {
+			continue
+		}
+		return resp, err
+	}
+}
+
+// createMany is one try of CreateMany: the directories' layouts are
+// looked up and placed first, and the transaction checks that they still
+// hold.
+func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest) (*weftv1.CreateManyResponse, error) {
+	templates := make(map[uint64]*weftv1.Layout)
+	var gen uint64
+	err := s.view(ctx, func(x *tx) error {
+		var err error
+		if gen, err = getUint64(x.t, keyLayoutGen); err != nil {
+			return err
+		}
+		for _, f := range req.Files {
+			if _, ok := templates[f.Parent]; ok {
+				continue
+			}
+			l, err := s.cachedEffectiveLayout(x, f.Parent)
+			if err != nil {
+				l = nil // the transaction reports the file's error
+			}
+			templates[f.Parent] = l
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	layouts := make([]*weftv1.Layout, len(req.Files))
+	for i, f := range req.Files {
+		if t := templates[f.Parent]; t != nil {
+			if layouts[i], err = s.placeLayout(ctx, t); err != nil {
+				return nil, fmt.Errorf("create many: place the layout of %q: %w", f.Name, err)
+			}
+		}
+	}
+	s.inos.mu.Lock()
+	ownNext, ownEnd := s.inos.next, s.inos.end
+	s.inos.mu.Unlock()
+	resp := &weftv1.CreateManyResponse{Results: make([]*weftv1.NewFileResult, len(req.Files))}
+	err = s.update(ctx, func(x *tx) error {
+		g, err := getUint64(x.t, keyLayoutGen)
+		if err != nil {
+			return err
+		}
+		if g != gen {
+			return errLayoutChanged
+		}
+		next, err := getUint64(x.t, keyNextIno)
+		if err != nil {
+			return err
+		}
+		for i, f := range req.Files {
+			a, err := x.createDelegated(f, layouts[i], next, ownNext, ownEnd)
+			r := &weftv1.NewFileResult{Attr: a}
+			if err != nil {
+				if errno, ok := fserr.Errno(err); ok {
+					r.Errno, r.Error = uint32(errno), err.Error()
+				} else {
+					return err // the store failed: nothing is made
+				}
+			}
+			resp.Results[i] = r
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// createDelegated checks and makes one file of a CreateMany. next is the
+// inode counter, [ownNext, ownEnd) the numbers this server reserved and
+// has not handed out. Nothing is written unless every check passed.
+func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, ownNext, ownEnd uint64) (*weftv1.Attr, error) {
+	op := fmt.Sprintf("create %q in directory %d", f.Name, f.Parent)
+	if err := checkName("create", f.Parent, f.Name); err != nil {
+		return nil, err
+	}
+	if isDot(f.Name) {
+		return nil, fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+	}
+	if f.Ino <= rootIno || f.Ino >= next || (f.Ino >= ownNext && f.Ino < ownEnd) {
+		return nil, fserr.Wrap(syscall.EINVAL, "%s: inode number %d was not reserved for a delegation", op, f.Ino)
+	}
+	c := callerOf(f.Caller)
+	d, err := x.dir(f.Parent, op)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(d, mayWrite|mayExec, op); err != nil {
+		return nil, err
+	}
+	if _, _, ok, err := x.entry(d.Ino, f.Name); err != nil || ok {
+		if err == nil {
+			err = fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
+		}
+		return nil, err
+	}
+	if _, used, err := x.t.Get(inodeKey(f.Ino)); err != nil || used {
+		if err == nil {
+			err = fserr.Wrap(syscall.EINVAL, "%s: inode number %d is in use", op, f.Ino)
+		}
+		return nil, err
+	}
+	if layout == nil {
+		return nil, fserr.Wrap(syscall.EIO, "%s: no layout could be placed for the directory", op)
+	}
+	a, err := x.newInode(c, d, syscall.S_IFREG|f.Mode&0o7777, f.Ino)
+	if err != nil {
+		return nil, err
+	}
+	t := f.TimeNs
+	if t <= 0 {
+		t = x.now
+	}
+	a.AtimeNs, a.MtimeNs, a.CtimeNs = t, t, t
+	a.Layout = layout
+	if err := x.setEntry(d.Ino, f.Name, a); err != nil {
+		return nil, err
+	}
+	if err := x.putInode(a); err != nil {
+		return nil, err
+	}
+	d.MtimeNs, d.CtimeNs = max(d.MtimeNs, t), max(d.CtimeNs, t)
+	if err := x.putInode(d); err != nil {
+		return nil, err
+	}
+	if err := x.countInode(false, a.Ino, 1); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// RecordOpens records one open by the session of each inode: files it
+// made under a delegation and still has open, before anything could
+// remove their names. Inodes that are gone are skipped.
+func (s *Service) RecordOpens(ctx context.Context, req *weftv1.RecordOpensRequest) (*weftv1.RecordOpensResponse, error) {
+	if len(req.Inos) > maxCreateMany {
+		return nil, fserr.Wrap(syscall.EINVAL, "record opens: %d inodes in one call, at most %d", len(req.Inos), maxCreateMany)
+	}
+	err := s.update(ctx, func(x *tx) error {
+		for _, ino := range req.Inos {
+			if _, ok, err := x.t.Get(inodeKey(ino)); err != nil || !ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			if err := x.recordOpen(req.Session, ino, fmt.Sprintf("record the open of inode %d", ino)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &weftv1.RecordOpensResponse{}, nil
+}
