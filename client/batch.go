@@ -48,7 +48,13 @@ var batchMethods = map[string]bool{
 	"Rmdir": true, "Rename": true, "Link": true, "Symlink": true, "Readlink": true, "Open": true,
 	"Release": true, "Access": true, "CommitWrite": true, "GetXattr": true, "SetXattr": true,
 	"ListXattr": true, "RemoveXattr": true,
+	"Delegate": true, "ReturnDelegation": true, "CreateMany": true, "RecordOpens": true,
 }
+
+// urgentMethods go at once, without waiting for or taking an in-flight
+// slot: the delegation calls (delegate.go), which other calls, here and
+// at other clients, may be waiting for.
+var urgentMethods = map[string]bool{"Delegate": true, "ReturnDelegation": true, "CreateMany": true, "RecordOpens": true}
 
 // batcher gathers the calls of one metaConn into batches.
 type batcher struct {
@@ -93,6 +99,9 @@ func withBackground(ctx context.Context) context.Context {
 // invoke sends a call of a batchable method: alone now if nothing is in
 // flight (or nobody waits for it), else in the next batch.
 func (b *batcher) invoke(ctx context.Context, method, name string, args, reply proto.Message) error {
+	if urgentMethods[name] {
+		return b.sendNow(ctx, method, name, args, reply)
+	}
 	background := ctx.Value(backgroundKey{}) != nil
 	b.mu.Lock()
 	switch {

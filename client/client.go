@@ -91,6 +91,9 @@ type Config struct {
 	// OnInvalidate, if set, subscribes the client to the meta service's
 	// callbacks (see WatchCallbacks) and receives them.
 	OnInvalidate func(*weftv1.Invalidation)
+	// NoDelegations turns create delegations off: every create is a call
+	// to the meta service (see README.md "Create delegations").
+	NoDelegations bool
 }
 
 // Client is a connection to one weft cluster: a session with the meta
@@ -122,9 +125,10 @@ type Client struct {
 
 	groups groupCache
 
-	cb   callbackState // callbacks from the meta service (callbacks.go)
-	dirs dirCache      // directories known completely (dircache.go)
-	rel  releaser      // releases sent in the background (release.go)
+	cb    callbackState // callbacks from the meta service (callbacks.go)
+	dirs  dirCache      // directories known completely (dircache.go)
+	deleg delegState    // create delegations (delegate.go)
+	rel   releaser      // releases sent in the background (release.go)
 
 	bg        context.Context // background sends and session renewal
 	cancelBg  context.CancelFunc
@@ -176,6 +180,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		inodes: make(map[uint64]*inode),
 		groups: groupCache{entries: make(map[uint32]groupEntry)},
 	}
+	conn.before = c.beforeCall
+	c.deleg.slots = make(chan struct{}, maxCreateManyInFlight)
 	c.chains.init(c)
 	if err := c.openSession(ctx); err != nil {
 		conn.close()
@@ -298,6 +304,7 @@ func (c *Client) Close() error {
 // FlushAll flushes every inode's buffered writes durably and commits their
 // sizes. It returns the first error (each inode's error is reported once).
 func (c *Client) FlushAll(ctx context.Context) error {
+	c.sendPending(ctx) // files made under delegations first
 	c.inodesMu.Lock()
 	all := make([]*inode, 0, len(c.inodes))
 	for _, in := range c.inodes {

@@ -285,6 +285,14 @@ func (d *dirCache) missing(dir uint64, name string) bool {
 	return !had
 }
 
+// known reports whether dir's names are known completely.
+func (d *dirCache) known(dir uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.dirs[dir]
+	return ok
+}
+
 // invalidate applies a callback of the meta service.
 func (d *dirCache) invalidate(inv *weftv1.Invalidation) {
 	if inv.All {

@@ -28,6 +28,9 @@ type File struct {
 	session  string
 	caller   *weftv1.Caller
 	released atomic.Bool
+	// pending is set for a file made here under a create delegation: its
+	// data and attributes wait until the meta service has it.
+	pending *pendingCreate
 }
 
 // Ino returns the file's inode number.
@@ -55,6 +58,9 @@ func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, fl
 // name in parent and opens it with open(2) flags.
 func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode, flags uint32,
 	exclusive bool) (*File, *weftv1.Attr, error) {
+	if f, attr, ok := c.createLocal(caller, parent, name, mode, flags); ok {
+		return f, attr, nil
+	}
 	sess := c.Session()
 	c.countMeta()
 	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
@@ -66,6 +72,9 @@ func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint6
 		return nil, nil, err
 	}
 	c.noteCreated(parent, name, resp.Created, resp.Attr)
+	if resp.Created {
+		c.noteCreate(caller, parent)
+	}
 	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
 }
 
@@ -134,6 +143,9 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
 	}
+	if err := f.ready(ctx); err != nil {
+		return 0, err
+	}
 	if off < 0 {
 		return 0, fmt.Errorf("read at negative offset %d: %w", off, syscall.EINVAL)
 	}
@@ -147,6 +159,9 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 func (f *File) ReadView(ctx context.Context, p []byte, off int64) ([]byte, func(), error) {
 	if f.in == nil {
 		return nil, nil, errNotRegular
+	}
+	if err := f.ready(ctx); err != nil {
+		return nil, nil, err
 	}
 	if off < 0 {
 		return nil, nil, fmt.Errorf("read at negative offset %d: %w", off, syscall.EINVAL)
@@ -162,6 +177,9 @@ func (f *File) ReadView(ctx context.Context, p []byte, off int64) ([]byte, func(
 func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
+	}
+	if err := f.ready(ctx); err != nil {
+		return 0, err
 	}
 	if off < 0 {
 		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
@@ -212,6 +230,9 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 // the length and mtime (close-to-open: another client that opens the file
 // afterwards sees them). It reports an earlier background send's error.
 func (f *File) Flush(ctx context.Context) error {
+	if err := f.ready(ctx); err != nil {
+		return err
+	}
 	if f.in == nil {
 		return nil
 	}
@@ -228,13 +249,21 @@ func (f *File) Fsync(ctx context.Context) error { return f.Flush(ctx) }
 // its removal needs no one to wait (see README.md "Background release").
 // Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
-	return f.release(ctx, func() error { return f.c.releaseLater(ctx, f.ino, f.session) })
+	return f.release(ctx, func() error {
+		if f.c.dropUnregistered(f) {
+			return nil // the meta service has no open record of it
+		}
+		return f.c.releaseLater(ctx, f.ino, f.session)
+	})
 }
 
 // ReleaseNow is Release with the meta service's release sent before it
 // returns.
 func (f *File) ReleaseNow(ctx context.Context) error {
 	return f.release(ctx, func() error {
+		if f.c.dropUnregistered(f) {
+			return nil
+		}
 		return f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session})
 	})
 }
@@ -265,6 +294,9 @@ func (f *File) release(ctx context.Context, send func() error) error {
 func (f *File) Fallocate(ctx context.Context, mode uint32, off, length uint64) error {
 	if f.in == nil {
 		return errNotRegular
+	}
+	if err := f.ready(ctx); err != nil {
+		return err
 	}
 	switch mode {
 	case 0:

@@ -90,6 +90,10 @@ type metaConn struct {
 	cur   int // index in addrs of the meta server in use
 
 	batch batcher // concurrent namespace calls go together (batch.go)
+
+	// before runs ahead of every call (the client's delegations,
+	// delegate.go); nil: nothing.
+	before func(ctx context.Context, method string) error
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
@@ -241,6 +245,11 @@ func (m *metaConn) several() bool {
 // Invoke implements grpc.ClientConnInterface. Namespace calls made while
 // another is in flight go together in a batch (batch.go).
 func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if m.before != nil {
+		if err := m.before(ctx, method); err != nil {
+			return err
+		}
+	}
 	if name, ok := strings.CutPrefix(method, metaMethod); ok && batchMethods[name] && !m.batch.off.Load() {
 		a, aok := args.(proto.Message)
 		r, rok := reply.(proto.Message)

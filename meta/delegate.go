@@ -323,23 +323,23 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest) (*weftv1.CreateManyResponse, error) {
 	templates := make(map[uint64]*weftv1.Layout)
 	var gen uint64
-	err := s.view(ctx, func(x *tx) error {
-		var err error
-		if gen, err = getUint64(x.t, keyLayoutGen); err != nil {
-			return err
+	cached := true
+	for _, f := range req.Files {
+		if _, ok := templates[f.Parent]; ok {
+			continue
 		}
-		for _, f := range req.Files {
-			if _, ok := templates[f.Parent]; ok {
-				continue
-			}
-			l, err := s.cachedEffectiveLayout(x, f.Parent)
-			if err != nil {
-				l = nil // the transaction reports the file's error
-			}
-			templates[f.Parent] = l
+		l, g, ok := s.peekEffectiveLayout(f.Parent)
+		if !ok || (len(templates) > 0 && g != gen) {
+			cached = false
+			break
 		}
-		return nil
-	})
+		templates[f.Parent], gen = l, g
+	}
+	var err error
+	if !cached {
+		clear(templates)
+		err = s.view(ctx, s.lookTemplates(req, templates, &gen))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -387,6 +387,30 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest)
 	return resp, nil
 }
 
+// lookTemplates returns a view that reads the layout generation into gen
+// and the effective layout of every directory of req into templates (nil
+// for one that cannot be read: the transaction reports its files'
+// errors).
+func (s *Service) lookTemplates(req *weftv1.CreateManyRequest, templates map[uint64]*weftv1.Layout, gen *uint64) func(x *tx) error {
+	return func(x *tx) error {
+		var err error
+		if *gen, err = getUint64(x.t, keyLayoutGen); err != nil {
+			return err
+		}
+		for _, f := range req.Files {
+			if _, ok := templates[f.Parent]; ok {
+				continue
+			}
+			l, err := s.cachedEffectiveLayout(x, f.Parent)
+			if err != nil {
+				l = nil
+			}
+			templates[f.Parent] = l
+		}
+		return nil
+	}
+}
+
 // createDelegated checks and makes one file of a CreateMany. next is the
 // inode counter, [ownNext, ownEnd) the numbers this server reserved and
 // has not handed out. Nothing is written unless every check passed.
@@ -409,11 +433,13 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 	if err := c.check(d, mayWrite|mayExec, op); err != nil {
 		return nil, err
 	}
-	if _, _, ok, err := x.entry(d.Ino, f.Name); err != nil || ok {
-		if err == nil {
-			err = fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
-		}
+	if ino, _, ok, err := x.entry(d.Ino, f.Name); err != nil {
 		return nil, err
+	} else if ok {
+		if ino == f.Ino {
+			return x.inode(ino, op) // sent again after the answer was lost
+		}
+		return nil, fserr.Wrap(syscall.EEXIST, "%s: file exists", op)
 	}
 	if _, used, err := x.t.Get(inodeKey(f.Ino)); err != nil || used {
 		if err == nil {

@@ -62,43 +62,139 @@ func checkDirAttrs(t *testing.T, tc *testCluster, d, when string) {
 
 // TestCreateMetaCalls counts the meta calls of creating files in a
 // directory this mount made: with callbacks live, the kernel's lookup of
-// the new name is answered from the complete directory, so each create
-// costs the CREATE and its release sent in the background (releases
-// queued together share a call).
+// each new name is answered from the complete directory; after the first
+// few creates the mount holds the directory (a create delegation) and
+// answers creates itself, each close sending its file to the meta
+// service (CreateMany) and no release following. Every file is at the
+// meta service once its close returned.
 func TestCreateMetaCalls(t *testing.T) {
 	needFUSE(t)
-	_, d, c := mountFreshDir(t)
+	tc, d, c := mountFreshDir(t)
 	const n = 100
 	calls, local, released := c.MetaCalls(), c.LocalLookups(), c.ReleasesSent()
+	_, made0 := c.Delegations()
+	var dir syscall.Stat_t
+	if err := syscall.Stat(d, &dir); err != nil {
+		t.Fatal(err)
+	}
 	for i := range n {
-		f, err := os.OpenFile(filepath.Join(d, fmt.Sprint("f", i)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		name := fmt.Sprint("f", i)
+		f, err := os.OpenFile(filepath.Join(d, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// The kernel sends RELEASE after close returns, and the meta release
-	// follows in the background: wait for all of them.
-	eventually(t, "background releases sent", func() error {
-		if got := c.ReleasesSent() - released; got < n || c.PendingReleases() != 0 {
-			return fmt.Errorf("%d files released, %d releases pending", got, c.PendingReleases())
+		if _, err := tc.Meta().Lookup(tc.Context(), &weftv1.LookupRequest{Parent: dir.Ino, Name: name}); err != nil {
+			t.Fatalf("%s after its close returned: %v", name, err)
 		}
-		return nil
-	})
-	// Releases queued together go in one call.
-	if got := c.MetaCalls() - calls; got < n+1 || got > 2*n {
-		t.Errorf("%d meta calls for %d creates, want %d to %d (a create each, and the releases, some batched)", got, n, n+1, 2*n)
+	}
+	held, made := c.Delegations()
+	if made-made0 < n-10 || held != 1 {
+		t.Errorf("%d of %d files made under a delegation (%d held), want all but the first few", made-made0, n, held)
+	}
+	time.Sleep(100 * time.Millisecond) // the kernel's RELEASEs come after close
+	if got := c.ReleasesSent() - released; got > 10 {
+		t.Errorf("%d releases sent, want only those of the files made before the delegation", got)
+	}
+	if got := c.MetaCalls() - calls; got > n+12 {
+		t.Errorf("%d meta calls for %d creates, want at most %d (one CreateMany per close, a few creates, the grant)", got, n, n+12)
 	}
 	if got := c.LocalLookups() - local; got < n {
 		t.Errorf("%d lookups answered without a call, want at least %d", got, n)
 	}
-	// The names exist: they are found (a positive lookup each).
+	checkDirAttrs(t, tc, d, "after the creates")
 	for i := range n {
 		if _, err := os.Stat(filepath.Join(d, fmt.Sprint("f", i))); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestDelegationAcrossMounts checks what another mount sees of files a
+// mount made under a create delegation: all of them, as soon as it looks
+// (its lookup recalls the delegation); its create of a name the holder
+// made meanwhile fails with EEXIST; the holder's data; and a file the
+// holder still has open keeps its data through the other mount's unlink.
+func TestDelegationAcrossMounts(t *testing.T) {
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
+	a, ca, _ := mountWith(t, tc, long)
+	b, _, _ := mountWith(t, tc, long)
+	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pa := func(n string) string { return filepath.Join(a, "d", n) }
+	pb := func(n string) string { return filepath.Join(b, "d", n) }
+	create := func(name, data string) *os.File {
+		t.Helper()
+		f, err := os.OpenFile(pa(name), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data != "" {
+			if _, err := f.WriteString(data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return f
+	}
+	for i := range 10 {
+		create(fmt.Sprint("f", i), fmt.Sprint("data ", i)).Close()
+	}
+	if held, _ := ca.Delegations(); held != 1 {
+		t.Fatalf("A holds %d delegations after 10 creates, want 1", held)
+	}
+	// Made under the delegation and not closed: only A knows them.
+	open := create("open", "kept open")
+	quiet := create("quiet", "")
+	defer open.Close()
+	defer quiet.Close()
+
+	names, err := os.ReadDir(filepath.Join(b, "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 12 {
+		t.Fatalf("B lists %d names in d, want 12 (A's 10 closed files and 2 open)", len(names))
+	}
+	for i := range 10 {
+		got, err := os.ReadFile(pb(fmt.Sprint("f", i)))
+		if err != nil || string(got) != fmt.Sprint("data ", i) {
+			t.Fatalf("B reads f%d: %q %v", i, got, err)
+		}
+	}
+	if held, _ := ca.Delegations(); held != 0 {
+		t.Errorf("A still holds %d delegations after B listed d", held)
+	}
+
+	// A takes d again after a few creates; B's exclusive create of a
+	// name A made meanwhile fails.
+	for i := range 5 {
+		create(fmt.Sprint("g", i), "").Close()
+	}
+	create("clash", "").Close()
+	if _, err := os.OpenFile(pb("clash"), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644); !errors.Is(err, syscall.EEXIST) {
+		t.Errorf("B's exclusive create of a name A made: %v, want EEXIST", err)
+	}
+
+	// B unlinks a file A made under a delegation and still has open: A
+	// reads and writes it on.
+	if err := os.Remove(pb("open")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.WriteAt([]byte(" and more"), 9); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, _ := open.ReadAt(buf, 0)
+	if got := string(buf[:n]); got != "kept open and more" {
+		t.Errorf("A's open file after B unlinked it reads %q", got)
+	}
+	if _, err := os.Stat(pa("open")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("A still sees the unlinked name: %v", err)
 	}
 }
 

@@ -36,16 +36,18 @@ func TestClientSettingsSizes(t *testing.T) {
 	}
 }
 
-// --local-reads reaches the client's configuration: on by default, off
-// when given false.
-func TestClientSettingsLocalReads(t *testing.T) {
+// --local-reads and --create-delegations reach the client's
+// configuration: on by default, off when given false.
+func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
-		args []string
-		want bool // NoLocalReads
+		args          []string
+		noLocalReads  bool
+		noDelegations bool
 	}{
-		{nil, false},
-		{[]string{"--local-reads=false"}, true},
-		{[]string{"--local-reads=true"}, false},
+		{nil, false, false},
+		{[]string{"--local-reads=false"}, true, false},
+		{[]string{"--local-reads=true"}, false, false},
+		{[]string{"--create-delegations=false"}, false, true},
 	} {
 		cmd := &cobra.Command{Use: "x"}
 		var s clientSettings
@@ -55,8 +57,9 @@ func TestClientSettingsLocalReads(t *testing.T) {
 		}
 		var cfg client.Config
 		s.apply(&cfg)
-		if cfg.NoLocalReads != tt.want {
-			t.Errorf("%v: NoLocalReads = %v, want %v", tt.args, cfg.NoLocalReads, tt.want)
+		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations {
+			t.Errorf("%v: NoLocalReads = %v, NoDelegations = %v, want %v, %v", tt.args,
+				cfg.NoLocalReads, cfg.NoDelegations, tt.noLocalReads, tt.noDelegations)
 		}
 	}
 }

@@ -35,6 +35,7 @@ type clientSettings struct {
 	writeBuffer        string        // --write-buffer size
 	readAhead          string        // --read-ahead size; 0: off
 	localReads         bool          // --local-reads
+	delegations        bool          // --create-delegations
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -51,6 +52,9 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 		"largest read-ahead window of a sequential reader (0: no read-ahead)")
 	fl.BoolVar(&s.localReads, "local-reads", true,
 		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
+	fl.BoolVar(&s.delegations, "create-delegations", true,
+		"take directories this mount makes many files in from the meta service and answer creates there locally, "+
+			"sending the files in batches before their close returns (embedded engine only); false: one meta call per create")
 }
 
 // sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
@@ -95,6 +99,7 @@ func (s clientSettings) apply(cfg *client.Config) {
 	// check has validated the sizes.
 	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
 	cfg.NoLocalReads = !s.localReads
+	cfg.NoDelegations = !s.delegations
 }
 
 func newMountCmd() *cobra.Command {

@@ -1,0 +1,544 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Create delegations (README.md "Create delegations", meta/delegate.go).
+// After a few creates in one directory whose names this client knows
+// completely, it asks the meta service for the directory. While it holds
+// it, a create of a new regular file there is answered here, with an
+// inode number the grant reserved, and the file is queued; queued files
+// go to the meta service together in CreateMany calls: at once when
+// anyone waits for one (a close, an fsync, a write, any other namespace
+// call of this client), else after pendingDelay. Files made so are open
+// without an open record at the meta service: the records are made
+// (RecordOpens) before this client unlinks, renames or links anything,
+// and before it returns a recalled directory, the only ways another
+// session could remove their names.
+
+// Delegation tuning.
+const (
+	// delegateAfter creates in one directory within delegateWindow make
+	// the client ask for it.
+	delegateAfter  = 3
+	delegateWindow = time.Second
+	// pendingDelay is the longest a made file waits to be sent when
+	// nobody waits for it.
+	pendingDelay = 2 * time.Millisecond
+	// maxPendingBatch is the most files one CreateMany carries (the meta
+	// service takes 1024).
+	maxPendingBatch = 512
+	// maxCreateManyInFlight is how many CreateMany calls may be out at
+	// once.
+	maxCreateManyInFlight = 4
+	// maxCountedDirs bounds the directories whose creates are counted.
+	maxCountedDirs = 1024
+	// createManyRetryFor is how long a CreateMany is retried while the
+	// meta service is unreachable.
+	createManyRetryFor = time.Minute
+)
+
+// delegDir is a directory delegated to this client.
+type delegDir struct {
+	gen      uint64
+	session  string
+	recalled bool // being returned: no more local creates
+}
+
+// createCount counts recent creates in a directory.
+type createCount struct {
+	n     int
+	since time.Time
+}
+
+// pendingCreate is a file made under a delegation, until the meta
+// service has it.
+type pendingCreate struct {
+	nf   *weftv1.NewFile
+	done chan struct{} // closed once attr or err is set
+	attr *weftv1.Attr  // as stored
+	err  error
+}
+
+// delegState is the client's create delegations.
+type delegState struct {
+	mu       sync.Mutex
+	dirs     map[uint64]*delegDir
+	early    map[uint64]uint64 // directory -> generation recalled before its grant arrived
+	asking   map[uint64]bool
+	counts   map[uint64]*createCount
+	inos     [][2]uint64 // reserved numbers not used yet: [next, end)
+	queue    []*pendingCreate
+	timer    bool                       // a send after pendingDelay is scheduled
+	unreg    map[*File]struct{}         // open files without an open record
+	held     atomic.Int64               // len(dirs)
+	waiting  atomic.Int64               // len(queue) plus files being sent
+	nUnreg   atomic.Int64               // len(unreg)
+	slots    chan struct{}              // CreateMany calls in flight (capacity maxCreateManyInFlight)
+	inflight map[chan struct{}]struct{} // closed when their call is answered
+	made     atomic.Uint64              // files made here
+	granted  atomic.Uint64              // grants received
+}
+
+// Delegations reports how many directories this client holds and how
+// many files it made under delegations so far.
+func (c *Client) Delegations() (held int, made uint64) {
+	return int(c.deleg.held.Load()), c.deleg.made.Load()
+}
+
+// createLocal makes a new regular file under a delegation of parent, if
+// this client holds one and knows the name is free; ok is false when the
+// create must go to the meta service.
+func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, mode, flags uint32) (f *File, attr *weftv1.Attr, ok bool) {
+	d := &c.deleg
+	if d.held.Load() == 0 || !c.cb.live.Load() || len(name) > maxNameLen || name == "." || name == ".." || strings.Contains(name, "/") {
+		return nil, nil, false
+	}
+	sess := c.Session()
+	dirAttr := c.dirs.attr(parent)
+	if dirAttr == nil || dirAttr.Mode&syscall.S_ISGID != 0 {
+		return nil, nil, false // the group rule of a setgid directory is the meta service's
+	}
+	d.mu.Lock()
+	dd := d.dirs[parent]
+	if dd == nil || dd.recalled || dd.session != sess || !c.dirs.missing(parent, name) {
+		d.mu.Unlock()
+		return nil, nil, false
+	}
+	for len(d.inos) > 0 && d.inos[0][0] == d.inos[0][1] {
+		d.inos = d.inos[1:]
+	}
+	if len(d.inos) == 0 {
+		d.mu.Unlock()
+		c.askDelegation(caller, parent) // for more numbers
+		return nil, nil, false
+	}
+	ino := d.inos[0][0]
+	d.inos[0][0]++
+	now := time.Now().UnixNano()
+	nf := &weftv1.NewFile{Caller: caller, Parent: parent, Name: name, Mode: mode & 0o7777, Ino: ino, TimeNs: now}
+	p := &pendingCreate{nf: nf, done: make(chan struct{})}
+	attr = &weftv1.Attr{
+		Ino: ino, Mode: syscall.S_IFREG | mode&0o7777, Nlink: 1, Uid: caller.GetUid(), Gid: caller.GetGid(),
+		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1,
+	}
+	// The name goes into the complete-directory cache before anyone can
+	// look it up, under the delegation's lock (a recall waits for it).
+	c.dirs.add(parent, name, true, now)
+	d.queue = append(d.queue, p)
+	d.waiting.Add(1)
+	if !d.timer {
+		d.timer = true
+		time.AfterFunc(pendingDelay, func() {
+			d.mu.Lock()
+			d.timer = false
+			d.mu.Unlock()
+			c.sendPending(c.bg)
+		})
+	}
+	f = c.newFile(attr, flags, sess, caller)
+	f.pending = p
+	if d.unreg == nil {
+		d.unreg = make(map[*File]struct{})
+	}
+	d.unreg[f] = struct{}{}
+	d.nUnreg.Add(1)
+	d.mu.Unlock()
+	d.made.Add(1)
+	return f, attr, true
+}
+
+// maxNameLen is the longest name a create may carry (NAME_MAX).
+const maxNameLen = 255
+
+// awaitCreate waits until the meta service has p (sending it now if it
+// still waits) and returns its outcome.
+func (c *Client) awaitCreate(ctx context.Context, p *pendingCreate) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	c.sendPending(ctx)
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// sendPending sends every queued file (in CreateMany calls, up to
+// maxCreateManyInFlight at once: what queues while they are all out
+// goes in the next) and returns once every file made before it was
+// called is answered (also those of calls already in flight).
+func (c *Client) sendPending(ctx context.Context) {
+	d := &c.deleg
+	if d.waiting.Load() == 0 {
+		return
+	}
+	d.mu.Lock()
+	var wait []chan struct{}
+	for b := range d.inflight {
+		wait = append(wait, b)
+	}
+	var last *pendingCreate
+	if n := len(d.queue); n > 0 {
+		last = d.queue[n-1]
+	}
+	d.mu.Unlock()
+	for last != nil {
+		select {
+		case d.slots <- struct{}{}:
+		case <-last.done:
+			last = nil
+			continue
+		}
+		d.mu.Lock()
+		n := min(len(d.queue), maxPendingBatch)
+		batch := d.queue[:n:n]
+		d.queue = d.queue[n:]
+		if len(d.queue) == 0 {
+			d.queue = nil
+		}
+		sent := make(chan struct{})
+		if n > 0 {
+			if d.inflight == nil {
+				d.inflight = make(map[chan struct{}]struct{})
+			}
+			d.inflight[sent] = struct{}{}
+		}
+		d.mu.Unlock()
+		if n == 0 {
+			<-d.slots
+			<-last.done // taken by a call in flight
+			break
+		}
+		c.createMany(batch)
+		d.mu.Lock()
+		delete(d.inflight, sent)
+		d.mu.Unlock()
+		close(sent)
+		d.waiting.Add(-int64(n))
+		<-d.slots
+		select {
+		case <-last.done:
+			last = nil
+		default:
+		}
+	}
+	for _, b := range wait {
+		<-b
+	}
+}
+
+// createMany sends one batch of made files and delivers each outcome.
+// It runs in the background (the files' creators wait on them, not on
+// the caller's context), retrying while the meta service is unreachable.
+func (c *Client) createMany(batch []*pendingCreate) {
+	req := &weftv1.CreateManyRequest{Session: c.Session(), Files: make([]*weftv1.NewFile, len(batch))}
+	for i, p := range batch {
+		req.Files[i] = p.nf
+	}
+	var resp *weftv1.CreateManyResponse
+	var err error
+	deadline := time.Now().Add(createManyRetryFor)
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		ctx, cancel := context.WithDeadline(c.bg, deadline)
+		c.countMeta()
+		resp, err = c.meta.CreateMany(ctx, req)
+		cancel()
+		if err == nil || status.Code(err) != codes.Unavailable || time.Now().Add(backoff).After(deadline) || c.bg.Err() != nil {
+			break
+		}
+		time.Sleep(backoff)
+	}
+	if err == nil && len(resp.Results) != len(batch) {
+		err = fmt.Errorf("meta service answered %d of %d files", len(resp.Results), len(batch))
+	}
+	var failed []*weftv1.EntryChange
+	for i, p := range batch {
+		switch {
+		case err != nil:
+			p.err = fserr.Wrap(syscall.EIO, "create %q in directory %d (made here under a delegation) could not be sent to the meta service: %v",
+				p.nf.Name, p.nf.Parent, err)
+		case resp.Results[i].Errno != 0:
+			// The create was answered already: what went wrong surfaces
+			// as an I/O error of the file (its writes, close, fsync).
+			r := resp.Results[i]
+			p.err = fserr.Wrap(syscall.EIO, "create %q in directory %d (made here under a delegation) was refused by the meta service: %s",
+				p.nf.Name, p.nf.Parent, r.Error)
+		default:
+			p.attr = resp.Results[i].Attr
+		}
+		if p.err != nil {
+			c.log.Warn("a file made under a create delegation could not be stored; its close reports the error",
+				"dir", p.nf.Parent, "name", p.nf.Name, "err", p.err)
+			failed = append(failed, &weftv1.EntryChange{Parent: p.nf.Parent, Name: p.nf.Name})
+		}
+		close(p.done)
+	}
+	if len(failed) > 0 {
+		// The name this client showed does not exist: forget it here and
+		// in the kernel.
+		inv := &weftv1.Invalidation{Entries: failed}
+		for _, e := range failed {
+			inv.Inodes = append(inv.Inodes, e.Parent)
+		}
+		c.dirs.invalidate(inv)
+		if c.cb.hook != nil {
+			c.cb.hook(inv)
+		}
+	}
+}
+
+// ready waits until the meta service has the file, if it was made under a
+// delegation, and gives the inode its layout.
+func (f *File) ready(ctx context.Context) error {
+	p := f.pending
+	if p == nil {
+		return nil
+	}
+	if err := f.c.awaitCreate(ctx, p); err != nil {
+		return err
+	}
+	if f.in != nil {
+		f.in.mu.Lock()
+		if f.in.layout == nil {
+			f.in.layout = p.attr.Layout
+		}
+		f.in.mu.Unlock()
+	}
+	return nil
+}
+
+// dropUnregistered forgets f if it is open without an open record at the
+// meta service, and reports whether it was (then nothing is released
+// there).
+func (c *Client) dropUnregistered(f *File) bool {
+	d := &c.deleg
+	if d.nUnreg.Load() == 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.unreg[f]; ok {
+		delete(d.unreg, f)
+		d.nUnreg.Add(-1)
+		return true
+	}
+	return false
+}
+
+// registerOpens records with the meta service the opens of files made
+// here that it has (their creates are sent first). Releases wait while it
+// runs.
+func (c *Client) registerOpens(ctx context.Context) error {
+	d := &c.deleg
+	if d.nUnreg.Load() == 0 {
+		return nil
+	}
+	c.sendPending(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var files []*File
+	var inos []uint64
+	for f := range d.unreg {
+		select {
+		case <-f.pending.done:
+		default:
+			continue // made after the sends began: nothing can name it yet
+		}
+		if f.pending.err == nil {
+			files = append(files, f)
+			inos = append(inos, f.ino)
+		}
+	}
+	for len(inos) > 0 {
+		n := min(len(inos), maxPendingBatch)
+		c.countMeta()
+		if _, err := c.meta.RecordOpens(ctx, &weftv1.RecordOpensRequest{Session: c.Session(), Inos: inos[:n]}); err != nil {
+			return fmt.Errorf("record the opens of %d files made under a delegation: %w", n, err)
+		}
+		for _, f := range files[:n] {
+			delete(d.unreg, f)
+			d.nUnreg.Add(-1)
+		}
+		files, inos = files[n:], inos[n:]
+	}
+	return nil
+}
+
+// beforeCall runs before every call of this client to the meta service:
+// files made here must be there before anything that could see or
+// change their directories, and their opens recorded before anything
+// that could remove a name.
+func (c *Client) beforeCall(ctx context.Context, method string) error {
+	d := &c.deleg
+	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
+		return nil
+	}
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	switch name {
+	case "Unlink", "Rename", "Link":
+		return c.registerOpens(ctx)
+	case "Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Rmdir", "Symlink", "Readlink", "ReadDir",
+		"Open", "Access", "GetXattr", "SetXattr", "ListXattr", "RemoveXattr", "GetLayout", "SetLayout":
+		c.sendPending(ctx)
+	}
+	return nil
+}
+
+// noteCreate counts an answered create in dir and asks for the directory
+// once this client makes files there often and knows its names.
+func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
+	if c.cfg.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" {
+		return
+	}
+	d := &c.deleg
+	now := time.Now()
+	d.mu.Lock()
+	if d.dirs[dir] != nil || d.asking[dir] {
+		d.mu.Unlock()
+		return
+	}
+	if d.counts == nil || len(d.counts) >= maxCountedDirs {
+		d.counts = make(map[uint64]*createCount)
+	}
+	cc := d.counts[dir]
+	if cc == nil || now.Sub(cc.since) > delegateWindow {
+		cc = &createCount{since: now}
+		d.counts[dir] = cc
+	}
+	cc.n++
+	ask := cc.n >= delegateAfter
+	d.mu.Unlock()
+	if ask && c.dirs.attr(dir) != nil && c.dirs.known(dir) {
+		c.askDelegation(caller, dir)
+	}
+}
+
+// askDelegation asks the meta service for dir in the background (also to
+// get more inode numbers for a directory already held).
+func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
+	d := &c.deleg
+	d.mu.Lock()
+	if d.asking == nil {
+		d.asking = make(map[uint64]bool)
+	}
+	if d.asking[dir] {
+		d.mu.Unlock()
+		return
+	}
+	d.asking[dir] = true
+	d.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
+		defer cancel()
+		sess := caller.GetSession()
+		c.countMeta()
+		resp, err := c.meta.Delegate(ctx, &weftv1.DelegateRequest{Caller: caller, Dir: dir})
+		d.mu.Lock()
+		delete(d.asking, dir)
+		switch {
+		case err != nil:
+			d.mu.Unlock()
+			c.log.Debug("create delegation not granted", "dir", dir, "err", err)
+			return
+		case !resp.Granted:
+			d.mu.Unlock()
+			return
+		case d.early[dir] == resp.Generation:
+			// Recalled before this answer came: it is returned already.
+			delete(d.early, dir)
+			d.mu.Unlock()
+			return
+		}
+		if d.dirs == nil {
+			d.dirs = make(map[uint64]*delegDir)
+		}
+		if dd := d.dirs[dir]; dd == nil || dd.gen != resp.Generation {
+			if dd == nil {
+				d.held.Add(1)
+			}
+			d.dirs[dir] = &delegDir{gen: resp.Generation, session: sess}
+			d.granted.Add(1)
+		}
+		if resp.InoCount > 0 {
+			d.inos = append(d.inos, [2]uint64{resp.InoFirst, resp.InoFirst + resp.InoCount})
+		}
+		d.mu.Unlock()
+	}()
+}
+
+// handleRecalls returns the delegations a callback recalls (all of them
+// with Invalidation.all: the meta service may have restarted and
+// forgotten them), in the background.
+func (c *Client) handleRecalls(inv *weftv1.Invalidation) {
+	d := &c.deleg
+	if len(inv.Recalls) == 0 && !(inv.All && d.held.Load() > 0) {
+		return
+	}
+	type ret struct{ dir, gen uint64 }
+	var rets []ret
+	d.mu.Lock()
+	for _, r := range inv.Recalls {
+		if dd := d.dirs[r.Dir]; dd != nil && dd.gen == r.Generation {
+			dd.recalled = true
+		} else {
+			if d.early == nil {
+				d.early = make(map[uint64]uint64)
+			}
+			d.early[r.Dir] = r.Generation
+		}
+		rets = append(rets, ret{r.Dir, r.Generation})
+	}
+	if inv.All {
+		for dir, dd := range d.dirs {
+			if !dd.recalled {
+				dd.recalled = true
+				rets = append(rets, ret{dir, dd.gen})
+			}
+		}
+	}
+	d.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.bg, 30*time.Second)
+		defer cancel()
+		c.sendPending(ctx)
+		if err := c.registerOpens(ctx); err != nil {
+			c.log.Warn("recording the opens of files made under a recalled delegation failed", "err", err)
+		}
+		for _, r := range rets {
+			c.countMeta()
+			_, err := c.meta.ReturnDelegation(ctx, &weftv1.ReturnDelegationRequest{Session: c.Session(), Dir: r.dir, Generation: r.gen})
+			if err != nil && !errors.Is(err, context.Canceled) {
+				c.log.Debug("returning a create delegation failed (the meta service revokes it)", "dir", r.dir, "err", err)
+			}
+			d.mu.Lock()
+			if dd := d.dirs[r.dir]; dd != nil && dd.gen == r.gen {
+				delete(d.dirs, r.dir)
+				d.held.Add(-1)
+			}
+			d.mu.Unlock()
+		}
+	}()
+}
