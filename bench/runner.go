@@ -376,7 +376,7 @@ func runStep(ctx context.Context, cfg *Config, s *step, target string) (*Measure
 // startWorker starts a worker process and hands it its task.
 func startWorker(ctx context.Context, cfg *Config, t *task) (*worker, error) {
 	cmd := exec.CommandContext(ctx, cfg.WorkerCmd[0], cfg.WorkerCmd[1:]...)
-	cmd.Env = append(os.Environ(), cfg.WorkerEnv...)
+	cmd.Env = workerEnviron(cfg.WorkerEnv)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -209,9 +209,9 @@ func prepareData(t *task) (runFunc, func(), error) {
 			var err error
 			var got int
 			if write && (kinds == nil || kinds[i] == 1) {
-				got, err = unix.Pwrite(fd, wbuf, off)
+				got, err = rawPwrite(fd, wbuf, off)
 			} else {
-				got, err = unix.Pread(fd, rbuf, off)
+				got, err = rawPread(fd, rbuf, off)
 			}
 			if err != nil {
 				return moved, int64(i), fmt.Errorf("%s at offset %d of %s: %w", t.Kind, off, t.Path, err)
@@ -251,44 +251,46 @@ func readRegion(t *task) error {
 // prepareMeta builds the names of a metadata task.
 func prepareMeta(t *task) (runFunc, func(), error) {
 	names := make([]string, t.Files)
+	paths := make([]cPath, t.Files)
 	for i := range names {
 		names[i] = filepath.Join(t.Path, t.Prefix+strconv.Itoa(i))
+		paths[i] = newCPath(names[i])
 	}
 	buf := make([]byte, 4096)
-	var st unix.Stat_t
-	var op func(name string) error
+	st := new(unix.Statx_t)
+	var op func(p cPath) error
 	switch t.Kind {
 	case WMdCreate, WMdCreateShared:
-		op = func(name string) error {
-			fd, err := unix.Open(name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		op = func(p cPath) error {
+			fd, err := rawOpen(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 			if err != nil {
 				return err
 			}
-			return unix.Close(fd)
+			return rawClose(fd)
 		}
 	case WMdStat, WMdStatShared, WMdStatCold, WMdStatCold + "-shared":
-		op = func(name string) error { return unix.Lstat(name, &st) }
+		op = func(p cPath) error { return rawLstat(p, st) }
 	case WMdRead, WMdReadShared:
-		op = func(name string) error {
-			fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		op = func(p cPath) error {
+			fd, err := rawOpen(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return err
 			}
-			_, err = unix.Read(fd, buf)
-			unix.Close(fd)
+			_, err = rawRead(fd, buf)
+			rawClose(fd)
 			return err
 		}
 	case WMdRemove, WMdRemoveShared:
-		op = func(name string) error { return unix.Unlink(name) }
+		op = func(p cPath) error { return rawUnlink(p, false) }
 	case WMdMkdir, WMdMkdirShared:
-		op = func(name string) error { return unix.Mkdir(name, 0o755) }
+		op = func(p cPath) error { return rawMkdir(p, 0o755) }
 	case WMdRmdir, WMdRmdirShared:
-		op = func(name string) error { return unix.Rmdir(name) }
+		op = func(p cPath) error { return rawUnlink(p, true) }
 	}
 	run := func() (int64, int64, error) {
-		for i, name := range names {
-			if err := op(name); err != nil {
-				return 0, int64(i), fmt.Errorf("%s %s: %w", t.Kind, name, err)
+		for i, p := range paths {
+			if err := op(p); err != nil {
+				return 0, int64(i), fmt.Errorf("%s %s: %w", t.Kind, names[i], err)
 			}
 		}
 		return 0, int64(len(names)), nil
