@@ -45,6 +45,11 @@ const (
 	// maxCreateManyInFlight is how many CreateMany calls may be out at
 	// once.
 	maxCreateManyInFlight = 4
+	// maxWaitingCreates bounds the files made here that the meta service
+	// does not have yet: past it, creates go to the meta service (which
+	// first sends the queue), so a creator faster than the meta service
+	// is held to its pace.
+	maxWaitingCreates = 4096
 	// maxCountedDirs bounds the directories whose creates are counted.
 	maxCountedDirs = 1024
 	// createManyRetryFor is how long a CreateMany is retried while the
@@ -74,6 +79,16 @@ type pendingCreate struct {
 	err  error
 }
 
+// stored reports whether the meta service has answered for the file.
+func (p *pendingCreate) stored() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // delegState is the client's create delegations.
 type delegState struct {
 	mu       sync.Mutex
@@ -100,12 +115,16 @@ func (c *Client) Delegations() (held int, made uint64) {
 	return int(c.deleg.held.Load()), c.deleg.made.Load()
 }
 
+// PendingCreates reports how many files made here under delegations the
+// meta service does not have yet.
+func (c *Client) PendingCreates() int64 { return c.deleg.waiting.Load() }
+
 // createLocal makes a new regular file under a delegation of parent, if
 // this client holds one and knows the name is free; ok is false when the
 // create must go to the meta service.
 func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, mode, flags uint32) (f *File, attr *weftv1.Attr, ok bool) {
 	d := &c.deleg
-	if d.held.Load() == 0 || !c.cb.live.Load() || len(name) > maxNameLen || name == "." || name == ".." || strings.Contains(name, "/") {
+	if d.held.Load() == 0 || d.waiting.Load() >= maxWaitingCreates || !c.cb.live.Load() || len(name) > maxNameLen || name == "." || name == ".." || strings.Contains(name, "/") {
 		return nil, nil, false
 	}
 	sess := c.Session()
@@ -233,7 +252,6 @@ func (c *Client) sendPending(ctx context.Context) {
 		delete(d.inflight, sent)
 		d.mu.Unlock()
 		close(sent)
-		d.waiting.Add(-int64(n))
 		<-d.slots
 		select {
 		case <-last.done:
@@ -270,6 +288,9 @@ func (c *Client) createMany(batch []*pendingCreate) {
 	if err == nil && len(resp.Results) != len(batch) {
 		err = fmt.Errorf("meta service answered %d of %d files", len(resp.Results), len(batch))
 	}
+	// The meta service answered (or will never): these no longer wait,
+	// counted before anyone waiting on one of them wakes.
+	c.deleg.waiting.Add(-int64(len(batch)))
 	var failed []*weftv1.EntryChange
 	for i, p := range batch {
 		switch {
@@ -286,7 +307,7 @@ func (c *Client) createMany(batch []*pendingCreate) {
 			p.attr = resp.Results[i].Attr
 		}
 		if p.err != nil {
-			c.log.Warn("a file made under a create delegation could not be stored; its close reports the error",
+			c.log.Warn("a file made under a create delegation could not be stored; its next write, read or fsync (and close, once it was written) reports the error",
 				"dir", p.nf.Parent, "name", p.nf.Name, "err", p.err)
 			failed = append(failed, &weftv1.EntryChange{Parent: p.nf.Parent, Name: p.nf.Name})
 		}

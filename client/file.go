@@ -230,6 +230,18 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 // the length and mtime (close-to-open: another client that opens the file
 // afterwards sees them). It reports an earlier background send's error.
 func (f *File) Flush(ctx context.Context) error {
+	if p := f.pending; p != nil && !p.stored() {
+		// Made here under a delegation and neither written nor read
+		// (those wait for the meta service): nothing to flush, and the
+		// file goes to the meta service within milliseconds.
+		return nil
+	}
+	return f.Fsync(ctx)
+}
+
+// Fsync makes every write acknowledged before it durable, and a file made
+// under a delegation stored at the meta service, before it returns.
+func (f *File) Fsync(ctx context.Context) error {
 	if err := f.ready(ctx); err != nil {
 		return err
 	}
@@ -238,10 +250,6 @@ func (f *File) Flush(ctx context.Context) error {
 	}
 	return f.in.flush(ctx, true)
 }
-
-// Fsync is Flush: every write acknowledged before it is durable when it
-// returns.
-func (f *File) Fsync(ctx context.Context) error { return f.Flush(ctx) }
 
 // Release flushes the file (its data is durable and its length committed
 // when Release returns) and closes it with the meta service in the

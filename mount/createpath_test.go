@@ -64,9 +64,10 @@ func checkDirAttrs(t *testing.T, tc *testCluster, d, when string) {
 // directory this mount made: with callbacks live, the kernel's lookup of
 // each new name is answered from the complete directory; after the first
 // few creates the mount holds the directory (a create delegation) and
-// answers creates itself, each close sending its file to the meta
-// service (CreateMany) and no release following. Every file is at the
-// meta service once its close returned.
+// answers creates itself, sending the files to the meta service in
+// CreateMany calls, and no release follows their closes. A file written
+// or synced is at the meta service once its close or fsync returned; one
+// closed without I/O goes within milliseconds.
 func TestCreateMetaCalls(t *testing.T) {
 	needFUSE(t)
 	tc, d, c := mountFreshDir(t)
@@ -77,18 +78,51 @@ func TestCreateMetaCalls(t *testing.T) {
 	if err := syscall.Stat(d, &dir); err != nil {
 		t.Fatal(err)
 	}
+	// Three kinds of file: closed without I/O (the close does not wait for
+	// the meta service: nothing was written), written then closed, and
+	// synced then closed (both return once the meta service has it).
+	unsent := 0
 	for i := range n {
 		name := fmt.Sprint("f", i)
 		f, err := os.OpenFile(filepath.Join(d, name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
+		switch i % 3 {
+		case 1:
+			if _, err := f.WriteString("x"); err != nil {
+				f.Close()
+				t.Fatal(err)
+			}
+		case 2:
+			if err := f.Sync(); err != nil {
+				f.Close()
+				t.Fatal(err)
+			}
+			if p := c.PendingCreates(); p != 0 {
+				f.Close()
+				t.Fatalf("%s: %d files not at the meta service after fsync returned", name, p)
+			}
+		}
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tc.Meta().Lookup(tc.Context(), &weftv1.LookupRequest{Parent: dir.Ino, Name: name}); err != nil {
-			t.Fatalf("%s after its close returned: %v", name, err)
+		switch p := c.PendingCreates(); {
+		case i%3 == 0 && p > 0:
+			unsent++
+		case i%3 == 1 && p != 0:
+			t.Fatalf("%s: %d files not at the meta service after the close of a written file returned", name, p)
 		}
+	}
+	if unsent == 0 && c.PendingCreates() == 0 {
+		t.Errorf("every close of an empty file waited for the meta service")
+	}
+	// The rest is sent within milliseconds, with nobody asking.
+	for deadline := time.Now().Add(2 * time.Second); c.PendingCreates() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d files made here still not sent after 2 s", c.PendingCreates())
+		}
+		time.Sleep(time.Millisecond)
 	}
 	held, made := c.Delegations()
 	if made-made0 < n-10 || held != 1 {
@@ -99,10 +133,16 @@ func TestCreateMetaCalls(t *testing.T) {
 		t.Errorf("%d releases sent, want only those of the files made before the delegation", got)
 	}
 	if got := c.MetaCalls() - calls; got > n+12 {
-		t.Errorf("%d meta calls for %d creates, want at most %d (one CreateMany per close, a few creates, the grant)", got, n, n+12)
+		t.Errorf("%d meta calls for %d creates, want at most %d (one CreateMany per written or synced file, a few creates, the grant)", got, n, n+12)
 	}
 	if got := c.LocalLookups() - local; got < n {
 		t.Errorf("%d lookups answered without a call, want at least %d", got, n)
+	}
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		if _, err := tc.Meta().Lookup(tc.Context(), &weftv1.LookupRequest{Parent: dir.Ino, Name: name}); err != nil {
+			t.Fatalf("%s at the meta service: %v", name, err)
+		}
 	}
 	checkDirAttrs(t, tc, d, "after the creates")
 	for i := range n {
