@@ -64,20 +64,9 @@ func (s *Service) takeIno(ctx context.Context) (uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next == r.end {
-		var lo uint64
-		err := s.eng.Update(ctx, func(t kv.Txn) error {
-			next, err := getUint64(t, keyNextIno)
-			if err != nil {
-				return fmt.Errorf("read inode counter: %w", err)
-			}
-			if next <= rootIno {
-				return fmt.Errorf("inode counter is %d: metadata not initialized: %w", next, syscall.EIO)
-			}
-			lo = next
-			return t.Set(keyNextIno, be64(next+inoRangeSize))
-		})
+		lo, err := s.reserveInos(ctx, inoRangeSize)
 		if err != nil {
-			return 0, fmt.Errorf("reserve inode numbers: %w", err)
+			return 0, err
 		}
 		r.next, r.end = lo, lo+inoRangeSize
 	}

@@ -21,7 +21,8 @@ import (
 // makes many files in one directory asks for the directory (Delegate);
 // while it holds it, it answers creates there itself, with inode numbers
 // reserved for it, and sends the new files in CreateMany calls, many per
-// transaction, before any close or fsync of them returns. Any call of
+// transaction: before an fsync of one, or the close of one written or
+// read, returns, and within milliseconds otherwise. Any call of
 // another session that reads or changes the directory first recalls the
 // delegation: the holder is told on its callback stream, sends what it
 // made, records the opens it still holds and returns the directory; the
@@ -167,7 +168,8 @@ func (s *Service) ReturnDelegation(ctx context.Context, req *weftv1.ReturnDelega
 	return &weftv1.ReturnDelegationResponse{}, nil
 }
 
-// reserveInos takes n inode numbers out of the counter for a client.
+// reserveInos reserves n inode numbers in n/next, for this server's own
+// range or a delegation's, and returns the first.
 func (s *Service) reserveInos(ctx context.Context, n uint64) (uint64, error) {
 	var lo uint64
 	err := s.eng.Update(ctx, func(t kv.Txn) error {

@@ -54,7 +54,7 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
 	fl.BoolVar(&s.delegations, "create-delegations", true,
 		"take directories this mount makes many files in from the meta service and answer creates there locally, "+
-			"sending the files in batches before their close returns (embedded engine only); false: one meta call per create")
+			"sending the files in batches within milliseconds (before an fsync, or the close of a written file, returns; embedded engine only); false: one meta call per create")
 }
 
 // sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
