@@ -156,6 +156,7 @@ func (c *Client) watchOnce() error {
 // deliver applies a callback to the client's own caches, then hands it
 // to the hook.
 func (c *Client) deliver(inv *weftv1.Invalidation) {
+	c.dropNoXattrs(inv)
 	c.handleRecalls(inv)
 	c.dirs.invalidate(inv)
 	c.dropReadCaches(inv)

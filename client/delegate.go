@@ -79,6 +79,61 @@ type pendingCreate struct {
 	err  error
 }
 
+// maxNoXattrs bounds the files remembered as having no extended
+// attributes; past it the set starts again empty.
+const maxNoXattrs = 1 << 16
+
+// knownNoXattrs reports whether ino is a file made here under a delegation
+// that has no extended attributes: a new file has none, and it keeps none
+// until this client sets one (SetXattr and RemoveXattr forget it first) or
+// another client reaches the file, which needs a recall or changes the
+// inode (both forget it, dropNoXattrs). The kernel asks for
+// security.capability before a file's first write; for these files that
+// is answered without a meta call.
+func (c *Client) knownNoXattrs(ino uint64) bool {
+	d := &c.deleg
+	if d.nNoXattrs.Load() == 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.noXattrs[ino]
+	return ok
+}
+
+// forgetNoXattrs drops ino from the files known to have no extended
+// attributes.
+func (c *Client) forgetNoXattrs(ino uint64) {
+	d := &c.deleg
+	if d.nNoXattrs.Load() == 0 {
+		return
+	}
+	d.mu.Lock()
+	delete(d.noXattrs, ino)
+	d.nNoXattrs.Store(int64(len(d.noXattrs)))
+	d.mu.Unlock()
+}
+
+// dropNoXattrs forgets what a callback may have changed: the inodes it
+// names, and every file once a delegation is recalled (or the stream
+// restarted).
+func (c *Client) dropNoXattrs(inv *weftv1.Invalidation) {
+	d := &c.deleg
+	if d.nNoXattrs.Load() == 0 {
+		return
+	}
+	d.mu.Lock()
+	if inv.All || len(inv.Recalls) > 0 {
+		d.noXattrs = nil
+	} else {
+		for _, ino := range inv.Inodes {
+			delete(d.noXattrs, ino)
+		}
+	}
+	d.nNoXattrs.Store(int64(len(d.noXattrs)))
+	d.mu.Unlock()
+}
+
 // stored reports whether the meta service has answered for the file.
 func (p *pendingCreate) stored() bool {
 	select {
@@ -91,22 +146,26 @@ func (p *pendingCreate) stored() bool {
 
 // delegState is the client's create delegations.
 type delegState struct {
-	mu       sync.Mutex
-	dirs     map[uint64]*delegDir
-	early    map[uint64]uint64 // directory -> generation recalled before its grant arrived
-	asking   map[uint64]bool
-	counts   map[uint64]*createCount
-	inos     [][2]uint64 // reserved numbers not used yet: [next, end)
-	queue    []*pendingCreate
-	timer    bool                       // a send after pendingDelay is scheduled
-	unreg    map[*File]struct{}         // open files without an open record
-	held     atomic.Int64               // len(dirs)
-	waiting  atomic.Int64               // len(queue) plus files being sent
-	nUnreg   atomic.Int64               // len(unreg)
-	slots    chan struct{}              // CreateMany calls in flight (capacity maxCreateManyInFlight)
-	inflight map[chan struct{}]struct{} // closed when their call is answered
-	made     atomic.Uint64              // files made here
-	granted  atomic.Uint64              // grants received
+	mu      sync.Mutex
+	dirs    map[uint64]*delegDir
+	early   map[uint64]uint64 // directory -> generation recalled before its grant arrived
+	asking  map[uint64]bool
+	counts  map[uint64]*createCount
+	inos    [][2]uint64 // reserved numbers not used yet: [next, end)
+	queue   []*pendingCreate
+	timer   bool               // a send after pendingDelay is scheduled
+	unreg   map[*File]struct{} // open files without an open record
+	held    atomic.Int64       // len(dirs)
+	waiting atomic.Int64       // len(queue) plus files being sent
+	nUnreg  atomic.Int64       // len(unreg)
+	// noXattrs are files made here that have no extended attributes
+	// yet (see knownNoXattrs); nNoXattrs is its length.
+	noXattrs  map[uint64]struct{}
+	nNoXattrs atomic.Int64
+	slots     chan struct{}              // CreateMany calls in flight (capacity maxCreateManyInFlight)
+	inflight  map[chan struct{}]struct{} // closed when their call is answered
+	made      atomic.Uint64              // files made here
+	granted   atomic.Uint64              // grants received
 }
 
 // Delegations reports how many directories this client holds and how
@@ -176,6 +235,11 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	}
 	d.unreg[f] = struct{}{}
 	d.nUnreg.Add(1)
+	if d.noXattrs == nil || len(d.noXattrs) >= maxNoXattrs {
+		d.noXattrs = make(map[uint64]struct{})
+	}
+	d.noXattrs[ino] = struct{}{}
+	d.nNoXattrs.Store(int64(len(d.noXattrs)))
 	d.mu.Unlock()
 	d.made.Add(1)
 	return f, attr, true

@@ -2,7 +2,10 @@ package client
 
 import (
 	"context"
+	"strings"
+	"syscall"
 
+	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -295,6 +298,10 @@ func (c *Client) StatFS(ctx context.Context) (*weftv1.StatFSResponse, error) {
 
 // GetXattr returns the value of extended attribute name of inode ino.
 func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) ([]byte, error) {
+	if strings.HasPrefix(name, "security.") && c.knownNoXattrs(ino) {
+		// Anyone may read security.* names; a file made here has none.
+		return nil, fserr.Wrap(syscall.ENODATA, "get extended attribute %q of inode %d: no such attribute (the file was made here and has none)", name, ino)
+	}
 	c.countMeta()
 	resp, err := c.meta.GetXattr(ctx, &weftv1.GetXattrRequest{Caller: caller, Ino: ino, Name: name})
 	if err != nil {
@@ -306,6 +313,7 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 // SetXattr sets extended attribute name of inode ino; flags are
 // XattrFlags bits (XATTR_CREATE, XATTR_REPLACE).
 func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
+	c.forgetNoXattrs(ino)
 	c.countMeta()
 	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
 	c.noteAttrChange(ino)
@@ -324,6 +332,7 @@ func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint6
 
 // RemoveXattr removes extended attribute name of inode ino.
 func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
+	c.forgetNoXattrs(ino)
 	c.countMeta()
 	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
 	c.noteAttrChange(ino)
