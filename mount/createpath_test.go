@@ -159,19 +159,28 @@ func TestCreateMetaCalls(t *testing.T) {
 	}
 }
 
+// twoMountsWithDir starts a cluster, mounts it twice with long cache
+// timeouts (callbacks keep them right) and makes directory d through the
+// first mount.
+func twoMountsWithDir(t *testing.T) (a, b string, ca *client.Client) {
+	t.Helper()
+	needFUSE(t)
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
+	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
+	a, ca, _ = mountWith(t, tc, long)
+	b, _, _ = mountWith(t, tc, long)
+	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, ca
+}
+
 // TestDelegatedFileXattrs checks the extended attributes of files made
 // under a delegation: none, answered without a meta call; one this mount
 // sets reads back; one another mount sets (after the recall its lookup
 // causes) is seen here.
 func TestDelegatedFileXattrs(t *testing.T) {
-	needFUSE(t)
-	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
-	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
-	a, ca, _ := mountWith(t, tc, long)
-	b, _, _ := mountWith(t, tc, long)
-	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	a, b, ca := twoMountsWithDir(t)
 	for i := range 8 {
 		f, err := os.Create(filepath.Join(a, "d", fmt.Sprint("f", i)))
 		if err != nil {
@@ -212,14 +221,7 @@ func TestDelegatedFileXattrs(t *testing.T) {
 // made meanwhile fails with EEXIST; the holder's data; and a file the
 // holder still has open keeps its data through the other mount's unlink.
 func TestDelegationAcrossMounts(t *testing.T) {
-	needFUSE(t)
-	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
-	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
-	a, ca, _ := mountWith(t, tc, long)
-	b, _, _ := mountWith(t, tc, long)
-	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	a, b, ca := twoMountsWithDir(t)
 	pa := func(n string) string { return filepath.Join(a, "d", n) }
 	pb := func(n string) string { return filepath.Join(b, "d", n) }
 	create := func(name, data string) *os.File {
@@ -298,14 +300,7 @@ func TestDelegationAcrossMounts(t *testing.T) {
 // name opens the existing file, while O_EXCL fails with EEXIST, whichever
 // comes first: the callback or the open.
 func TestCompleteDirAcrossMounts(t *testing.T) {
-	needFUSE(t)
-	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
-	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
-	a, ca, _ := mountWith(t, tc, long)
-	b, _, _ := mountWith(t, tc, long)
-	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	a, b, ca := twoMountsWithDir(t)
 	pa := func(n string) string { return filepath.Join(a, "d", n) }
 	pb := func(n string) string { return filepath.Join(b, "d", n) }
 
