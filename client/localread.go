@@ -189,6 +189,39 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 	}
 }
 
+// openAroundLocked opens in place, in the background, the other chunks
+// of a file of at most maxLocalChunks/2 chunks that are not open yet,
+// those of one data server in one round: a reader that had to open a
+// chunk on demand (it reads somewhere read-ahead did not lead it, a
+// random reader) would otherwise wait for a round trip at the first read
+// of each chunk. An open costs the server one descriptor and the chunk's
+// checksums, no data. Called with in.mu held.
+func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
+	cs := uint64(layout.ChunkSize)
+	size := in.sizeLocked()
+	n := (size + cs - 1) / cs
+	if n > maxLocalChunks/2 || len(in.local.chunks)+len(in.local.pending) >= int(n) {
+		return
+	}
+	var groups map[*wire.Client][]*localOpening
+	for i := range n {
+		if i == idx || in.local.chunks[i] != nil || in.local.pending[i] != nil || in.sendingLocked(i) {
+			continue
+		}
+		ch, w, ok := in.localSourceLocked(layout, i)
+		if !ok {
+			continue
+		}
+		if groups == nil {
+			groups = make(map[*wire.Client][]*localOpening)
+		}
+		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, i, false))
+	}
+	for w, ops := range groups {
+		go in.openAheadTogether(w, ops)
+	}
+}
+
 // prefetchLocked asks the kernel to read the bytes [from, to) of the
 // file into its cache from the chunk files open in place
 // (POSIX_FADV_WILLNEED), as read-ahead would fetch them from a remote
@@ -482,6 +515,9 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 				return nil
 			}
 			done = in.openLocalLocked(layout, ch, w, idx, verify, false)
+			if !verify {
+				in.openAroundLocked(layout, idx)
+			}
 			verify = false
 		}
 		in.mu.Unlock()

@@ -293,3 +293,86 @@ func TestReadInPlaceUnderBufferedWrites(t *testing.T) {
 		check("after the writes were sent", off)
 	}
 }
+
+// TestReadInPlaceOpensAround checks that a reader that opens a chunk on
+// demand (a random reader: read-ahead does not lead it) gets the file's
+// other chunks opened with it, one round per data server, so its reads
+// of them wait for no further round trip; and that a file of more chunks
+// than the bound is not opened whole.
+func TestReadInPlaceOpensAround(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1})
+	rounds := func() uint64 {
+		c.chains.connsMu.Lock()
+		defer c.chains.connsMu.Unlock()
+		var n uint64
+		for _, w := range c.chains.wires {
+			n += w.OpenRounds()
+		}
+		return n
+	}
+	rnd := rand.New(rand.NewPCG(21, 22))
+	for _, tt := range []struct {
+		name       string
+		chunks     int
+		maxRounds  uint64 // open rounds for one read of every chunk
+		openAround bool
+	}{
+		{"small file", 16, 1 + 2, true},
+		{"file past the bound", maxLocalChunks/2 + 2, maxLocalChunks/2 + 2, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			size := tt.chunks * chunk
+			model := randomBytes(rnd, size)
+			f := create(t, c, tt.name, syscall.O_RDWR)
+			if _, err := f.WriteAt(ctx, model, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			g, _ := open(t, c, tt.name, syscall.O_RDONLY)
+			defer g.Release(ctx)
+			before := rounds()
+			got := make([]byte, 8<<10)
+			read := func(idx int) {
+				t.Helper()
+				off := idx*chunk + rnd.IntN(chunk-len(got))
+				if _, err := g.ReadAt(ctx, got, int64(off)); err != nil {
+					t.Fatalf("read at %d: %v", off, err)
+				}
+				if !bytes.Equal(got, model[off:off+len(got)]) {
+					t.Fatalf("read at %d: wrong bytes", off)
+				}
+			}
+			read(tt.chunks / 2)
+			// Let the opens started around the first read finish.
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				g.in.mu.Lock()
+				pending := len(g.in.local.pending)
+				g.in.mu.Unlock()
+				if pending == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			for _, idx := range rnd.Perm(tt.chunks) {
+				read(idx)
+			}
+			n := rounds() - before
+			if n > tt.maxRounds {
+				t.Errorf("%d rounds of opens to read each of %d chunks once; want at most %d", n, tt.chunks, tt.maxRounds)
+			}
+			if !tt.openAround && n < uint64(tt.chunks) {
+				t.Errorf("%d rounds of opens for %d chunks of a file past the bound; want one per chunk (not opened whole)", n, tt.chunks)
+			}
+			if c.LocalReadBytes() == 0 {
+				t.Fatal("nothing read in place")
+			}
+		})
+	}
+}

@@ -39,6 +39,9 @@ type Client struct {
 	unixOff   atomic.Bool // the Unix socket is not this server's
 	unixConns atomic.Uint64
 	shmCalls  atomic.Uint64
+	// openRounds counts rounds of chunk opens in place (OpenChunk,
+	// OpenChunks).
+	openRounds atomic.Uint64
 	localFields
 
 	mu     sync.Mutex
@@ -72,6 +75,10 @@ func (c *Client) Addr() string { return c.addr }
 // ShmCalls is the number of requests whose data went through the shared
 // arena instead of the socket.
 func (c *Client) ShmCalls() uint64 { return c.shmCalls.Load() }
+
+// OpenRounds is the number of rounds of requests that opened chunks in
+// place (OpenChunk and OpenChunks calls that reached the server).
+func (c *Client) OpenRounds() uint64 { return c.openRounds.Load() }
 
 // Calls is the number of requests sent so far.
 func (c *Client) Calls() uint64 { return c.calls.Load() }

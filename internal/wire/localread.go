@@ -190,6 +190,7 @@ func (c *Client) OpenChunk(ctx context.Context, req *weftv1.ReadChunkRequest, ve
 		return nil, err
 	}
 	sent := time.Now()
+	c.openRounds.Add(1)
 	out, answered, err := lc.open(ctx, req, verify)
 	switch {
 	case err == nil:
@@ -230,6 +231,7 @@ func (c *Client) OpenChunks(ctx context.Context, reqs []*weftv1.ReadChunkRequest
 		return fail(err)
 	}
 	sent := time.Now()
+	c.openRounds.Add(1)
 	outs, errs, broken := lc.openMany(ctx, reqs)
 	if broken != nil {
 		lc.uc.Close()
