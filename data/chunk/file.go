@@ -127,13 +127,13 @@ func chunkOf(ino uint64, name string) (ID, bool) {
 
 func (t *Target) removeChunk(id ID, size int64) error {
 	path := t.chunkPath(id)
-	if err := os.Remove(path); err != nil {
+	if err := t.discard(path, false); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
 		return t.ioError(fmt.Sprintf("remove %v", id), err)
 	}
-	if err := os.Remove(path + ".crc"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := t.discard(path+".crc", true); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return t.ioError(fmt.Sprintf("remove checksums of %v", id), err)
 	}
 	t.usedBytes.Add(-size)

@@ -42,7 +42,7 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 		}
 		var newDir bool
 		newDir, err = t.createInInoDir(id, func() (err error) {
-			data, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+			data, err = t.createFile(path, false)
 			return err
 		})
 		if err == nil {
@@ -53,7 +53,15 @@ func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 	if err != nil {
 		return nil, t.ioError(fmt.Sprintf("open %v", id), err)
 	}
-	crc, err := os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
+	var crc *os.File
+	if created {
+		crc, err = t.createFile(path+".crc", true)
+		if errors.Is(err, fs.ErrExist) { // left by a crash in a removal
+			crc, err = os.OpenFile(path+".crc", os.O_RDWR, 0)
+		}
+	} else {
+		crc, err = os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
+	}
 	if err != nil {
 		data.Close()
 		return nil, t.ioError(fmt.Sprintf("open checksums of %v", id), err)
@@ -481,6 +489,14 @@ func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, v
 	if err != nil {
 		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err == nil {
+		err = markHandedOut(fd, st.Mode)
+	}
+	if err != nil {
+		syscall.Close(fd)
+		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
+	}
 	return os.NewFile(uintptr(fd), t.chunkPath(id)), f.size, f.hdr.version, sums, nil
 }
 
@@ -511,7 +527,7 @@ func (t *Target) openForReadDirect(id ID) (file *os.File, length int64, version 
 		}
 	}()
 	var st syscall.Stat_t
-	if syscall.Fstat(fd, &st) != nil {
+	if syscall.Fstat(fd, &st) != nil || markHandedOut(fd, st.Mode) != nil {
 		return nil, 0, 0, nil, false
 	}
 	cfd, err := syscall.Open(path+".crc", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)

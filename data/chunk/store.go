@@ -142,6 +142,8 @@ type Target struct {
 	newEntries map[uint64]bool
 	// dirty: chunks written since their last fdatasync.
 	dirty map[uint64]map[uint64]struct{}
+
+	spare spares // files of deleted chunks, for new ones (spare.go)
 }
 
 func openTarget(s *Store, dir string) (*Target, error) {
@@ -170,6 +172,10 @@ func openTarget(s *Store, dir string) (*Target, error) {
 	if err := syncDir(root); err != nil {
 		lock.Close()
 		return nil, t.ioError("sync chunk directory", err)
+	}
+	if err := t.initSpares(); err != nil {
+		lock.Close()
+		return nil, err
 	}
 	if err := t.scan(root); err != nil {
 		lock.Close()

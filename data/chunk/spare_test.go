@@ -1,0 +1,170 @@
+package chunk
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+)
+
+// inodeOf returns the inode number of the file at path.
+func inodeOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestSpareFilesReused checks that the files of deleted chunks make the
+// files of new ones (no create), emptied, with the data and usage right,
+// and that the pool is bounded.
+func TestSpareFilesReused(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	const size = 3*BlockSize + 123
+	a, b := ID{Ino: 5, Index: 0}, ID{Ino: 6, Index: 0}
+	if _, err := tg.Write(a, 1, 0, pattern(1, size), MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	old := map[uint64]bool{inodeOf(t, tg.chunkPath(a)): true, inodeOf(t, tg.chunkPath(a)+".crc"): true}
+	if err := tg.DeleteFile(a.Ino); err != nil {
+		t.Fatal(err)
+	}
+	if n := tg.SpareFiles(); n != 2 {
+		t.Fatalf("%d spare files after deleting a chunk, want 2", n)
+	}
+	entries, err := os.ReadDir(tg.spareDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if info, err := e.Info(); err != nil || info.Size() != 0 {
+			t.Fatalf("spare %s: %v, size %d; want an empty file", e.Name(), err, info.Size())
+		}
+	}
+	if u, _ := tg.Usage(); u.Chunks != 0 || u.UsedBytes != 0 {
+		t.Fatalf("usage after the delete: %+v", u)
+	}
+	small := pattern(2, 1000)
+	if _, err := tg.Write(b, 1, 0, small, MaxChunkSize, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := tg.SpareFiles(); n != 0 {
+		t.Fatalf("%d spare files after writing a new chunk, want 0 (both reused)", n)
+	}
+	for _, p := range []string{tg.chunkPath(b), tg.chunkPath(b) + ".crc"} {
+		if !old[inodeOf(t, p)] {
+			t.Errorf("%s was created anew, not made from a spare", filepath.Base(p))
+		}
+	}
+	if info, err := os.Stat(tg.chunkPath(b)); err != nil || info.Mode().Perm() != dataModeFresh {
+		t.Fatalf("new data file: %v, mode %v; want %o", err, info.Mode(), dataModeFresh)
+	}
+	checkChunk(t, tg, b, small)
+	if u, _ := tg.Usage(); u.Chunks != 1 || u.UsedBytes != uint64(len(small)) {
+		t.Fatalf("usage after the new chunk: %+v", u)
+	}
+
+	// The pool is bounded: past maxSpare, files are removed.
+	for i := range maxSpare/2 + 3 {
+		id := ID{Ino: 100, Index: uint64(i)}
+		if _, err := tg.Write(id, 1, 0, small[:10], MaxChunkSize, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tg.DeleteFile(100); err != nil {
+		t.Fatal(err)
+	}
+	if n := tg.SpareFiles(); n != maxSpare {
+		t.Fatalf("%d spare files, want the bound %d", n, maxSpare)
+	}
+	if entries, _ := os.ReadDir(tg.spareDir()); len(entries) != maxSpare {
+		t.Fatalf("%d files in the spare directory, want %d", len(entries), maxSpare)
+	}
+}
+
+// TestHandedOutFileNeverHoldsOtherData checks that a data file handed to
+// a client for reading in place never becomes another chunk's data file
+// (the client may still read through its descriptor): it may only
+// become a checksum file.
+func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	a := ID{Ino: 7, Index: 0}
+	secret := pattern(3, 2*BlockSize)
+	if _, err := tg.Write(a, 1, 0, secret, MaxChunkSize, true); err != nil {
+		t.Fatal(err)
+	}
+	f, _, _, _, err := tg.OpenForRead(a, false)
+	if err != nil || f == nil {
+		t.Fatalf("open for reading in place: %v, %v", f, err)
+	}
+	defer f.Close()
+	var held syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &held); err != nil {
+		t.Fatal(err)
+	}
+	if held.Mode&0o777 != dataModeHandedOut {
+		t.Fatalf("handed-out data file has mode %o, want %o", held.Mode&0o777, dataModeHandedOut)
+	}
+	if err := tg.DeleteFile(a.Ino); err != nil {
+		t.Fatal(err)
+	}
+	// It is a spare for checksum files only.
+	tg.spare.mu.Lock()
+	var inAny, inSums bool
+	for _, n := range tg.spare.any {
+		inAny = inAny || inodeOf(t, tg.sparePath(n)) == held.Ino
+	}
+	for _, n := range tg.spare.sumsOnly {
+		inSums = inSums || inodeOf(t, tg.sparePath(n)) == held.Ino
+	}
+	tg.spare.mu.Unlock()
+	if inAny || !inSums {
+		t.Fatalf("the handed-out data file is a spare for any file: %v, for checksums only: %v; want checksums only", inAny, inSums)
+	}
+	// New chunks take the spares: the handed-out file may only become a
+	// checksum file.
+	for i := range 3 {
+		id := ID{Ino: 8, Index: uint64(i)}
+		if _, err := tg.Write(id, 1, 0, pattern(10+i, BlockSize), MaxChunkSize, false); err != nil {
+			t.Fatal(err)
+		}
+		if inodeOf(t, tg.chunkPath(id)) == held.Ino {
+			t.Fatalf("the data file a client holds became the data file of %v", id)
+		}
+	}
+	got := make([]byte, len(secret))
+	n, _ := f.ReadAt(got, 0)
+	if n > 0 && bytes.Contains(got[:n], pattern(10, BlockSize)[:4096]) {
+		t.Fatal("a client's descriptor of a deleted chunk shows another chunk's data")
+	}
+}
+
+// TestSparesRemovedAtOpen checks that spares left by an earlier run (which
+// may hold data after a crash) are removed when the target opens.
+func TestSparesRemovedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open([]string{dir}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := s.Targets()[0]
+	left := filepath.Join(tg.spareDir(), "77")
+	if err := os.WriteFile(left, []byte("data of a chunk deleted just before a crash"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open([]string{dir}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Fatalf("spare left by an earlier run: %v; want it removed", err)
+	}
+	if n := s.Targets()[0].SpareFiles(); n != 0 {
+		t.Fatalf("%d spare files after opening, want 0", n)
+	}
+}
