@@ -8,6 +8,8 @@ import (
 	"hash/crc64"
 	"io/fs"
 	"os"
+
+	"golang.org/x/sys/unix"
 )
 
 // Full is a whole chunk with its version, as copied between replicas.
@@ -110,6 +112,14 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 	}
 	if !sync {
 		t.markDirty(id)
+		if total >= startWritebackAt {
+			// Start writing the bytes to the disk now (without waiting), so
+			// the file's sync at close finds them written instead of
+			// writing the whole file then.
+			for _, p := range pieces {
+				_ = unix.SyncFileRange(int(f.data.Fd()), p.Off, int64(len(p.Data)), unix.SYNC_FILE_RANGE_WRITE)
+			}
+		}
 		return nil
 	}
 	if err := t.syncChunk(f, id); err != nil {
@@ -118,6 +128,10 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 	t.clearDirty(id)
 	return t.syncEntries(id.Ino)
 }
+
+// startWritebackAt is the least write (not synced) whose bytes go to the
+// disk at once rather than when the kernel gets to them.
+const startWritebackAt = 256 << 10
 
 // ReadFull reads the whole chunk, verified, with its version.
 func (l *Locked) ReadFull() (Full, error) {
