@@ -195,7 +195,9 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 // chunk on demand (it reads somewhere read-ahead did not lead it, a
 // random reader) would otherwise wait for a round trip at the first read
 // of each chunk. An open costs the server one descriptor and the chunk's
-// checksums, no data. Called with in.mu held.
+// checksums, no data. They count as opened ahead: the part a sequential
+// reader's window covers when one completes is prefetched. Called with
+// in.mu held.
 func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
@@ -215,7 +217,7 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 		if groups == nil {
 			groups = make(map[*wire.Client][]*localOpening)
 		}
-		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, i, false))
+		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, i, true))
 	}
 	for w, ops := range groups {
 		go in.openAheadTogether(w, ops)
