@@ -170,9 +170,20 @@ func (in *inode) openAheadLocked(layout *weftv1.Layout, size, from uint64) {
 	if !burst {
 		return
 	}
+	in.openRangeLocked(layout, from/cs, (end+cs-1)/cs, noChunk)
+}
+
+// noChunk is a chunk index no file has.
+const noChunk = ^uint64(0)
+
+// openRangeLocked opens ahead, in the background, the chunks with index
+// in [first, last) but skip that are neither open nor opening nor being
+// written by this client and have a data server on this host: those of
+// one server in one round of requests. Called with in.mu held.
+func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64) {
 	var groups map[*wire.Client][]*localOpening
-	for idx := from / cs; idx*cs < end; idx++ {
-		if in.local.chunks[idx] != nil || in.local.pending[idx] != nil || in.sendingLocked(idx) {
+	for idx := first; idx < last; idx++ {
+		if idx == skip || in.local.chunks[idx] != nil || in.local.pending[idx] != nil || in.sendingLocked(idx) {
 			continue
 		}
 		ch, w, ok := in.localSourceLocked(layout, idx)
@@ -205,23 +216,7 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	if n > maxLocalChunks/2 || len(in.local.chunks)+len(in.local.pending) >= int(n) {
 		return
 	}
-	var groups map[*wire.Client][]*localOpening
-	for i := range n {
-		if i == idx || in.local.chunks[i] != nil || in.local.pending[i] != nil || in.sendingLocked(i) {
-			continue
-		}
-		ch, w, ok := in.localSourceLocked(layout, i)
-		if !ok {
-			continue
-		}
-		if groups == nil {
-			groups = make(map[*wire.Client][]*localOpening)
-		}
-		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, i, true))
-	}
-	for w, ops := range groups {
-		go in.openAheadTogether(w, ops)
-	}
+	in.openRangeLocked(layout, 0, n, idx)
 }
 
 // prefetchLocked asks the kernel to read the bytes [from, to) of the
