@@ -151,8 +151,10 @@ func (t *Target) createFile(path string, sums bool) (*os.File, error) {
 			}
 			return nil, &os.PathError{Op: "create", Path: path, Err: fs.ErrNotExist}
 		default:
+			// EEXIST (path exists: the create below says so as an
+			// exclusive create would), or anything else: create.
 			t.putBack(n, sumsOnly)
-			return nil, &os.PathError{Op: "create", Path: path, Err: err}
+			return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
 		}
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
