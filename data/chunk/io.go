@@ -173,10 +173,11 @@ func (t *Target) Write(id ID, chain uint64, off int64, data []byte, chunkSize in
 	return info.Version + 1, l.Write(off, data, chunkSize, info.Version+1, sync)
 }
 
-// writeSegment is how much of a write is written (and checksummed) at a
-// time: a quarter of the level-2 cache of common server cores, so the
-// checksum reads what the write has just brought into it.
-const writeSegment = 256 << 10
+// ioSegment is how much of a write or read goes to or from the file (and
+// is checksummed) at a time: a quarter of the level-2 cache of common
+// server cores, so the checksum reads what the copy has just brought into
+// it.
+const ioSegment = 256 << 10
 
 // writeLocked writes data at off, the checksums of every block whose
 // content changes, and then the header with the new version and length.
@@ -226,15 +227,15 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 		}
 		binary.LittleEndian.PutUint32(sums[(b-first)*crcBytes:], sum)
 	}
-	// The data goes in segments of writeSegment bytes, each checksummed
+	// The data goes in segments of ioSegment bytes, each checksummed
 	// right after it is written, while its bytes are still in this core's
 	// cache: a whole megabyte written first and checksummed after was read
 	// back from memory (about 88 against 35 us per MiB here).
 	for so := int64(0); so < int64(len(data)); {
 		se := int64(len(data))
-		if se-so > writeSegment {
+		if se-so > ioSegment {
 			// End the segment on a block boundary of the chunk.
-			se = ((off+so+writeSegment)/BlockSize)*BlockSize - off
+			se = ((off+so+ioSegment)/BlockSize)*BlockSize - off
 		}
 		if _, err := f.data.WriteAt(data[so:se], off+so); err != nil {
 			t.undoExtend(f, oldSize, end)
@@ -357,10 +358,10 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 	if err != nil && err != io.EOF {
 		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
 	}
-	// Read and check a segment at a time (see writeSegment): the
+	// Read and check a segment at a time (see ioSegment): the
 	// checksums read what the read has just brought into the cache.
-	for so := int64(0); so < int64(len(buf)); so += writeSegment {
-		se := min(so+writeSegment, int64(len(buf)))
+	for so := int64(0); so < int64(len(buf)); so += ioSegment {
+		se := min(so+ioSegment, int64(len(buf)))
 		n, err := f.data.ReadAt(buf[so:se], first*BlockSize+so)
 		if int64(n) < se-so {
 			if err == nil || err == io.EOF {
@@ -490,12 +491,13 @@ func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, v
 		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err == nil {
-		err = markHandedOut(fd, st.Mode)
+	merr := syscall.Fstat(fd, &st)
+	if merr == nil {
+		merr = markHandedOut(fd, st.Mode)
 	}
-	if err != nil {
+	if merr != nil {
 		syscall.Close(fd)
-		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
+		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), merr)
 	}
 	return os.NewFile(uintptr(fd), t.chunkPath(id)), f.size, f.hdr.version, sums, nil
 }

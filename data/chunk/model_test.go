@@ -301,7 +301,7 @@ func TestRandomizedAgainstModel(t *testing.T) {
 		{name: "one writer, cache of one chunk", targets: 1, workersPerTgt: 1, inos: 3, nChunks: 3,
 			chunkSize: 3*BlockSize + 1000, maxOpen: 1, ops: 800, wholeFileDelete: true, background: 2},
 		{name: "chunks of several write segments", targets: 1, workersPerTgt: 1, inos: 2, nChunks: 3,
-			chunkSize: 3*writeSegment + 5*BlockSize/2 + 777, maxOpen: 512, ops: 300, wholeFileDelete: true},
+			chunkSize: 3*ioSegment + 5*BlockSize/2 + 777, maxOpen: 512, ops: 300, wholeFileDelete: true},
 		{name: "chains sharing files on two targets, tiny cache", targets: 2, workersPerTgt: 3, inos: 2, nChunks: 3,
 			chunkSize: 4 * BlockSize, maxOpen: 3, ops: 400, background: 3},
 	}

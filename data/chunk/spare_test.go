@@ -108,6 +108,19 @@ func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	if held.Mode&0o777 != dataModeHandedOut {
 		t.Fatalf("handed-out data file has mode %o, want %o", held.Mode&0o777, dataModeHandedOut)
 	}
+	// The verifying open (through the file cache) marks the file too.
+	v := ID{Ino: 9, Index: 0}
+	if _, err := tg.Write(v, 1, 0, secret, MaxChunkSize, true); err != nil {
+		t.Fatal(err)
+	}
+	vf, _, _, _, err := tg.OpenForRead(v, true)
+	if err != nil || vf == nil {
+		t.Fatalf("open for reading in place, verified: %v, %v", vf, err)
+	}
+	vf.Close()
+	if info, err := os.Stat(tg.chunkPath(v)); err != nil || info.Mode().Perm() != dataModeHandedOut {
+		t.Fatalf("data file handed out by a verified open: %v, mode %v; want %o", err, info.Mode(), dataModeHandedOut)
+	}
 	if err := tg.DeleteFile(a.Ino); err != nil {
 		t.Fatal(err)
 	}
