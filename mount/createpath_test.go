@@ -193,6 +193,7 @@ func TestDelegatedFileXattrs(t *testing.T) {
 	}
 	last := filepath.Join(a, "d", "f7")
 	buf := make([]byte, 64)
+	waitMetaQuiet(t, ca)
 	calls := ca.MetaCalls()
 	if _, err := unix.Getxattr(last, "security.capability", buf); err != unix.ENODATA {
 		t.Fatalf("getxattr security.capability of a new file: %v, want ENODATA", err)
@@ -212,6 +213,28 @@ func TestDelegatedFileXattrs(t *testing.T) {
 	}
 	if n, err := unix.Getxattr(filepath.Join(a, "d", "f6"), "security.weft-test", buf); err != nil || string(buf[:n]) != "b" {
 		t.Fatalf("getxattr of an attribute the other mount set: %q, %v", buf[:max(n, 0)], err)
+	}
+}
+
+// waitMetaQuiet waits until c has sent the files it made under
+// delegations and its background meta calls (delegation requests,
+// batched releases) have stopped for 100 ms, so that a count of its meta
+// calls around one operation counts that operation's only.
+func waitMetaQuiet(t *testing.T, c *client.Client) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	last := c.MetaCalls()
+	for quietSince := time.Now(); ; {
+		time.Sleep(10 * time.Millisecond)
+		if n := c.MetaCalls(); n != last || c.PendingCreates() != 0 {
+			last, quietSince = n, time.Now()
+		}
+		if time.Since(quietSince) >= 100*time.Millisecond {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("meta calls still going on after 5 s (%d pending creates)", c.PendingCreates())
+		}
 	}
 }
 
