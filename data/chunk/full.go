@@ -115,10 +115,13 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 		if total >= startWritebackAt {
 			// Start writing the bytes to the disk now (without waiting), so
 			// the file's sync at close finds them written instead of
-			// writing the whole file then.
+			// writing the whole file then: one call over the range the
+			// pieces span (what lies between them is not dirty).
+			lo, hi := pieces[0].Off, pieces[0].Off
 			for _, p := range pieces {
-				_ = unix.SyncFileRange(int(f.data.Fd()), p.Off, int64(len(p.Data)), unix.SYNC_FILE_RANGE_WRITE)
+				lo, hi = min(lo, p.Off), max(hi, p.Off+int64(len(p.Data)))
 			}
+			_ = unix.SyncFileRange(int(f.data.Fd()), lo, hi-lo, unix.SYNC_FILE_RANGE_WRITE)
 		}
 		return nil
 	}
