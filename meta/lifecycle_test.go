@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"google.golang.org/protobuf/proto"
 	"net"
 	"syscall"
 	"testing"
@@ -159,6 +160,35 @@ func TestGCRetriesWithBackoff(t *testing.T) {
 	e.s.gcMu.Unlock()
 	if n, err := e.s.collectGarbage(e.ctx); err != nil || n != 1 || e.gcPending() != 0 {
 		t.Fatalf("GC after backoff: %d, %v, pending %d", n, err, e.gcPending())
+	}
+}
+
+// TestGCKeepsLiveFiles checks that a GC queue entry of an inode that
+// still exists (only damaged metadata makes one) does not get the live
+// file's chunks deleted: the entry stays for weft fsck to report.
+func TestGCKeepsLiveFiles(t *testing.T) {
+	e := newEnv(t)
+	a := e.create(root, rootIno, "live", 0o644)
+	v, err := proto.Marshal(a.Layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.update(e.ctx, func(x *tx) error { return x.t.Set(gcKey(a.Ino), v) }); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if n, err := e.s.collectGarbage(e.ctx); err != nil || n != 0 {
+			t.Fatalf("GC pass: collected %d, err %v; want 0, nil", n, err)
+		}
+	}
+	if d := e.data.deletedCount(a.Ino); d != 0 {
+		t.Fatalf("the live file's chunks were deleted %d times", d)
+	}
+	if e.gcPending() != 1 {
+		t.Fatalf("GC pending %d, want the entry kept for fsck", e.gcPending())
+	}
+	if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: a.Ino}); err != nil {
+		t.Fatalf("the live file: %v", err)
 	}
 }
 

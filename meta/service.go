@@ -114,6 +114,7 @@ type Service struct {
 
 	gcMu      sync.Mutex
 	gcRetryAt map[uint64]gcRetry // inodes whose chunk deletion failed
+	gcLive    map[uint64]bool    // queued inodes found still existing (logged once)
 
 	inos    inoRanges   // inode numbers reserved for this server (counters.go)
 	layouts layoutCache // effective layouts of directories (layoutcache.go)
@@ -198,7 +199,7 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 func newService(eng kv.Engine, cm clusterManager, cfg Config) *Service {
 	return &Service{
 		eng: eng, cluster: cm, cfg: cfg, log: cfg.Logger, now: time.Now,
-		gcRetryAt: make(map[uint64]gcRetry), cb: newCallbacks(),
+		gcRetryAt: make(map[uint64]gcRetry), gcLive: make(map[uint64]bool), cb: newCallbacks(),
 	}
 }
 

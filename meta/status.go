@@ -148,17 +148,27 @@ func (s *Service) gcLoop(ctx context.Context) {
 // collectGarbage makes one pass over the GC queue: for each queued file
 // not in backoff it has the data servers delete its chunks and, on
 // success, removes it from the queue. It returns how many were collected.
+// An entry whose inode still exists is left alone (its chunks are a live
+// file's: only damage to the metadata makes such an entry) and logged
+// once; weft fsck reports it and --repair drops it.
 func (s *Service) collectGarbage(ctx context.Context) (int, error) {
 	type item struct {
 		ino    uint64
 		layout *weftv1.Layout
 	}
 	var items []item
+	var live []uint64
 	err := s.view(ctx, func(x *tx) error {
 		return x.t.Scan(prefixGC, kv.PrefixEnd(prefixGC), func(k, v []byte) (bool, error) {
 			ino, err := inoFromKeySuffix(k)
 			if err != nil {
 				return false, err
+			}
+			if _, found, err := x.t.Get(inodeKey(ino)); err != nil {
+				return false, err
+			} else if found {
+				live = append(live, ino)
+				return true, nil
 			}
 			l := new(weftv1.Layout)
 			if err := proto.Unmarshal(v, l); err != nil {
@@ -170,6 +180,15 @@ func (s *Service) collectGarbage(ctx context.Context) (int, error) {
 	})
 	if err != nil {
 		return 0, err
+	}
+	for _, ino := range live {
+		s.gcMu.Lock()
+		logged := s.gcLive[ino]
+		s.gcLive[ino] = true
+		s.gcMu.Unlock()
+		if !logged {
+			s.log.Error("a file in the garbage collection queue still exists: its chunks are kept; run weft fsck --repair to drop the entry", "ino", ino)
+		}
 	}
 	done := 0
 	for _, it := range items {
