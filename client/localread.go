@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/weft-fs/weft/internal/wire"
@@ -68,6 +67,9 @@ type localChunk struct {
 	// advised is how far into the chunk the kernel was asked to read
 	// the file into its cache (prefetchLocked).
 	advised int64
+	// inMemory is set when the file is on a file system that keeps its
+	// files in memory (tmpfs): nothing to prefetch.
+	inMemory bool
 }
 
 // release drops a reference, closing the file with the last.
@@ -86,6 +88,9 @@ type localState struct {
 	tick    uint64                   // counts reads, for localChunk.used
 	avoid   map[uint64]uint64        // chunk index -> unix nanos until which it is read through the server
 	pending map[uint64]chan struct{} // opens under way, closed when done
+	// onDemand counts the chunks opened because a read needed them
+	// (not read-ahead): from the second, the file is opened around.
+	onDemand int
 	// adviseTo is the file offset up to which the last sequential read
 	// wanted the page cache filled (prefetchLocked): a chunk opened ahead
 	// is prefetched up to there when its open completes.
@@ -206,9 +211,13 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 // chunk on demand (it reads somewhere read-ahead did not lead it, a
 // random reader) would otherwise wait for a round trip at the first read
 // of each chunk. An open costs the server one descriptor and the chunk's
-// checksums, no data. They count as opened ahead: the part a sequential
-// reader's window covers when one completes is prefetched. Called with
-// in.mu held.
+// checksums (on a cold disk, a small read each), no data. They count as
+// opened ahead: the part a sequential reader's window covers when one
+// completes is prefetched. It is called from the second open on demand
+// of the inode on: the first is any reader's first read, and a
+// sequential reader, led by read-ahead from its second read on, would
+// wait for the whole file's checksums to be read before its first data.
+// Called with in.mu held.
 func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
@@ -245,9 +254,7 @@ func (in *inode) prefetchLocked(layout *weftv1.Layout, from, to uint64) {
 		lc.refs.Add(1)
 		todo = append(todo, prefetch{lc, lo, hi})
 	}
-	if todo != nil {
-		go runPrefetches(todo) // may wait for the disk: not under the lock
-	}
+	runPrefetches(todo) // in the background: they wait for the disk
 }
 
 // prefetch is a range of a chunk to read into the page cache.
@@ -256,12 +263,15 @@ type prefetch struct {
 	lo, hi int64
 }
 
-// runPrefetches gives the kernel each range (a hint: nothing to do if
-// refused) and drops the references prefetchLocked took.
+// runPrefetches reads each range into the page cache, each in its own
+// goroutine (a read waits for the disk: several are in flight at once),
+// and drops the references prefetchLocked took.
 func runPrefetches(todo []prefetch) {
 	for _, p := range todo {
-		_ = unix.Fadvise(int(p.lc.file.Fd()), p.lo, p.hi-p.lo, unix.FADV_WILLNEED)
-		p.lc.release()
+		go func() {
+			defer p.lc.release()
+			p.lc.prefetch(p.lo, p.hi)
+		}()
 	}
 }
 
@@ -443,6 +453,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		file: opened.File, length: opened.Length, sums: opened.Sums}
 	if lc.file != nil {
 		c.localOpen.Add(1)
+		lc.inMemory = inMemoryFS(lc.file)
 	}
 	lc.refs.Store(1) // the list's
 	if !current {
@@ -454,7 +465,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
 			lc.advised = hi
 			lc.refs.Add(1)
-			go runPrefetches([]prefetch{{lc, 0, hi}})
+			runPrefetches([]prefetch{{lc, 0, hi}})
 		}
 	}
 	if old := in.local.chunks[idx]; old != nil {
@@ -513,7 +524,10 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 			}
 			done = in.openLocalLocked(layout, ch, w, idx, verify, false)
 			if !verify {
-				in.openAroundLocked(layout, idx)
+				in.local.onDemand++
+				if in.local.onDemand > 1 {
+					in.openAroundLocked(layout, idx)
+				}
 			}
 			verify = false
 		}

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"os"
 	"syscall"
 	"testing"
@@ -67,10 +69,10 @@ func dropCached(t *testing.T, files []string) {
 }
 
 // A reader in place has the data servers' files prefetched into the page
-// cache ahead of it only as far as its read-ahead window reaches: a
-// sequential reader gets the file ahead of it, a reader of half of each
-// large record does not make the disks read the halves it skips (the
-// over-read a fixed read-ahead causes).
+// cache ahead of it only as far as its read-ahead window reaches (to the
+// end of the chunk it ends in): a sequential reader gets the file ahead
+// of it, a reader of half of each large record does not make the disks
+// read the halves it skips (the over-read a fixed read-ahead causes).
 func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 	const chunk = 1 << 20
 	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
@@ -96,7 +98,9 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 		atLeast  float64
 	}{
 		{"sequential", size, 0, 1, 0.95},
-		{"half of each 8 MiB record", 4 << 20, 4 << 20, 0.6, 0.5},
+		// What it reads, and the chunk the window ends in (a prefetch
+		// reads the rest of a chunk file with it): 5 MiB of each 8.
+		{"half of each 8 MiB record", 4 << 20, 4 << 20, 0.63, 0.5},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := create(t, c, tt.name, syscall.O_RDWR)
@@ -135,5 +139,59 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 				t.Errorf("%.2f of the file is in the page cache, want %.2f to %.2f", s, tt.atLeast, tt.atMost)
 			}
 		})
+	}
+}
+
+// TestPopulate checks the prefetch of a chunk file on a disk: the range
+// asked for is in the page cache afterwards, a range past the end of a
+// file (truncated under a reader) fails with EFAULT and no signal, and a
+// file on a tmpfs is known to need no prefetch.
+func TestPopulate(t *testing.T) {
+	dir := t.TempDir()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type == unix.TMPFS_MAGIC {
+		t.Skip("the temporary directory is on a tmpfs: nothing to prefetch")
+	}
+	const size = 8 << 20
+	p := dir + "/chunk"
+	if err := os.WriteFile(p, randomBytes(rand.New(rand.NewPCG(1, 2)), size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dropCached(t, []string{p})
+	if s := cachedShare(t, []string{p}); s > 0.1 {
+		t.Skipf("%.2f of the file stays cached after FADV_DONTNEED", s)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if inMemoryFS(f) {
+		t.Errorf("a file in %s (file system type %#x) is taken for one in memory", dir, sfs.Type)
+	}
+	// The last quarter: it is cached, and so may be what the kernel reads
+	// around it.
+	err = populate(int(f.Fd()), 6<<20+100, size)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skip("MADV_POPULATE_READ is not supported by this kernel")
+	}
+	if err != nil {
+		t.Fatalf("populate: %v", err)
+	}
+	if s := cachedShare(t, []string{p}); s < 0.25 {
+		t.Errorf("%.2f of the file cached after populating its last quarter", s)
+	}
+	if err := populate(int(f.Fd()), size-4096, size+1<<20); !errors.Is(err, unix.EFAULT) {
+		t.Errorf("populate past the end of the file: %v, want EFAULT", err)
+	}
+	if shm, err := os.CreateTemp("/dev/shm", "weft-test-"); err == nil {
+		defer os.Remove(shm.Name())
+		defer shm.Close()
+		if !inMemoryFS(shm) {
+			t.Error("a file in /dev/shm is not taken for one in memory")
+		}
 	}
 }
