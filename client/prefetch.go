@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"sync/atomic"
 
@@ -40,12 +41,15 @@ func (lc *localChunk) prefetch(lo, hi int64) {
 			// Done, or the file is shorter than it was (truncated or
 			// replaced meanwhile): readers find out for themselves.
 			return
-		case errors.Is(err, unix.EINVAL):
+		case errors.Is(err, errNoPopulate):
 			populateOff.Store(true)
 		}
 	}
 	_ = unix.Fadvise(fd, lo, hi-lo, unix.FADV_WILLNEED)
 }
+
+// errNoPopulate says the kernel has no MADV_POPULATE_READ.
+var errNoPopulate = errors.New("MADV_POPULATE_READ is not supported")
 
 // populate maps bytes [lo, hi) of the file open as fd read-only, asks
 // for large folios and reads them in, then unmaps them.
@@ -54,11 +58,17 @@ func populate(fd int, lo, hi int64) error {
 	start := lo / page * page
 	m, err := unix.Mmap(fd, start, int(hi-start), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return err
+		return fmt.Errorf("map bytes %d-%d: %w", start, hi, err)
 	}
 	defer unix.Munmap(m)
 	_ = unix.Madvise(m, unix.MADV_HUGEPAGE) // a hint: without it, single pages
-	return unix.Madvise(m, unix.MADV_POPULATE_READ)
+	if err := unix.Madvise(m, unix.MADV_POPULATE_READ); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return errNoPopulate
+		}
+		return fmt.Errorf("populate bytes %d-%d: %w", start, hi, err)
+	}
+	return nil
 }
 
 // inMemoryFS reports whether f is on a file system that keeps its files
