@@ -88,9 +88,6 @@ type localState struct {
 	tick    uint64                   // counts reads, for localChunk.used
 	avoid   map[uint64]uint64        // chunk index -> unix nanos until which it is read through the server
 	pending map[uint64]chan struct{} // opens under way, closed when done
-	// onDemand counts the chunks opened because a read needed them
-	// (not read-ahead): from the second, the file is opened around.
-	onDemand int
 	// adviseTo is the file offset up to which the last sequential read
 	// wanted the page cache filled (prefetchLocked): a chunk opened ahead
 	// is prefetched up to there when its open completes.
@@ -213,11 +210,9 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 // of each chunk. An open costs the server one descriptor and the chunk's
 // checksums (on a cold disk, a small read each), no data. They count as
 // opened ahead: the part a sequential reader's window covers when one
-// completes is prefetched. It is called from the second open on demand
-// of the inode on: the first is any reader's first read, and a
-// sequential reader, led by read-ahead from its second read on, would
-// wait for the whole file's checksums to be read before its first data.
-// Called with in.mu held.
+// completes is prefetched. A sequential reader gains too (its first read
+// is an open on demand): with every chunk open early, prefetches never
+// wait for an open. Called with in.mu held.
 func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
@@ -524,10 +519,7 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 			}
 			done = in.openLocalLocked(layout, ch, w, idx, verify, false)
 			if !verify {
-				in.local.onDemand++
-				if in.local.onDemand > 1 {
-					in.openAroundLocked(layout, idx)
-				}
+				in.openAroundLocked(layout, idx)
 			}
 			verify = false
 		}
