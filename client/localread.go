@@ -263,6 +263,10 @@ type prefetch struct {
 // and drops the references prefetchLocked took.
 func runPrefetches(todo []prefetch) {
 	for _, p := range todo {
+		if p.lc.inMemory {
+			p.lc.release() // its pages are its storage
+			continue
+		}
 		go func() {
 			defer p.lc.release()
 			p.lc.prefetch(p.lo, p.hi)
