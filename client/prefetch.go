@@ -27,6 +27,13 @@ import (
 // unsupported: prefetches give the hint from then on.
 var populateOff atomic.Bool
 
+// maxPopulating bounds the ranges a client populates at once: each holds
+// a thread in the kernel until its read is done, and a disk gains
+// nothing from more in flight. A range beyond the bound gets the hint.
+const maxPopulating = 16
+
+var populating = make(chan struct{}, maxPopulating)
+
 // prefetch reads bytes [lo, hi) of the chunk file into the page cache,
 // waiting for the disk.
 func (lc *localChunk) prefetch(lo, hi int64) {
@@ -34,8 +41,9 @@ func (lc *localChunk) prefetch(lo, hi int64) {
 		return
 	}
 	fd := int(lc.file.Fd())
-	if !populateOff.Load() {
+	if !populateOff.Load() && tryAcquire(populating) {
 		err := populate(fd, lo, hi)
+		<-populating
 		switch {
 		case err == nil, errors.Is(err, unix.EFAULT):
 			// Done, or the file is shorter than it was (truncated or
@@ -79,4 +87,14 @@ func inMemoryFS(f *os.File) bool {
 		return false
 	}
 	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC
+}
+
+// tryAcquire takes a slot of sem if one is free.
+func tryAcquire(sem chan struct{}) bool {
+	select {
+	case sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
