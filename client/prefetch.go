@@ -14,8 +14,9 @@ import (
 // A sequential reader's read-ahead window is read into the page cache
 // from the chunk files before the reader gets there. POSIX_FADV_WILLNEED
 // would be the obvious way, but the kernel serves it with single pages:
-// a MiB becomes a request of 256 segments, which a virtual disk handles
-// as slowly as 256 small ones (here 0.8 ms per MiB, 1.2 GB/s). The
+// a MiB becomes requests of up to 254 segments, which a virtual disk
+// without indirect descriptors serves one at a time and slowly (here
+// 0.8 ms per MiB, 1.2 GB/s). The
 // kernel's own read-ahead uses large folios where the file system has
 // them (XFS, ext4 since Linux 6.16), a few segments per MiB (0.3 ms,
 // 3 GB/s). prefetch gets those by mapping the range with MADV_HUGEPAGE

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"fmt"
 	"google.golang.org/protobuf/proto"
 	"net"
 	"syscall"
@@ -165,30 +166,57 @@ func TestGCRetriesWithBackoff(t *testing.T) {
 
 // TestGCKeepsLiveFiles checks that a GC queue entry of an inode that
 // still exists (only damaged metadata makes one) does not get the live
-// file's chunks deleted: the entry stays for weft fsck to report.
+// file's chunks deleted: the entry stays for weft fsck to report; that a
+// full batch of such entries does not keep the queue's other files from
+// being collected; and that once the file is deleted, its chunks are.
 func TestGCKeepsLiveFiles(t *testing.T) {
 	e := newEnv(t)
-	a := e.create(root, rootIno, "live", 0o644)
-	v, err := proto.Marshal(a.Layout)
-	if err != nil {
+	var live []*weftv1.Attr
+	for i := range gcBatch + 1 {
+		a := e.create(root, rootIno, fmt.Sprintf("live%d", i), 0o644)
+		v, err := proto.Marshal(a.Layout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.s.update(e.ctx, func(x *tx) error { return x.t.Set(gcKey(a.Ino), v) }); err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, a)
+	}
+	gone := e.create(root, rootIno, "gone", 0o644)
+	if err := e.unlink(root, rootIno, "gone"); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.s.update(e.ctx, func(x *tx) error { return x.t.Set(gcKey(a.Ino), v) }); err != nil {
+	collected := 0
+	for range 3 {
+		n, err := e.s.collectGarbage(e.ctx)
+		if err != nil {
+			t.Fatalf("GC pass: %v", err)
+		}
+		collected += n
+	}
+	if collected != 1 || e.data.deletedCount(gone.Ino) != 1 {
+		t.Fatalf("collected %d (deleted file's chunks deleted %d times); want the deleted file alone", collected, e.data.deletedCount(gone.Ino))
+	}
+	for _, a := range live {
+		if d := e.data.deletedCount(a.Ino); d != 0 {
+			t.Fatalf("the chunks of live file %d were deleted %d times", a.Ino, d)
+		}
+	}
+	if p := e.gcPending(); p != uint64(len(live)) {
+		t.Fatalf("GC pending %d, want the %d live entries kept for fsck", p, len(live))
+	}
+	// Once the file is really deleted, its chunks go.
+	if err := e.unlink(root, rootIno, "live0"); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if n, err := e.s.collectGarbage(e.ctx); err != nil || n != 0 {
-			t.Fatalf("GC pass: collected %d, err %v; want 0, nil", n, err)
+		if _, err := e.s.collectGarbage(e.ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if d := e.data.deletedCount(a.Ino); d != 0 {
-		t.Fatalf("the live file's chunks were deleted %d times", d)
-	}
-	if e.gcPending() != 1 {
-		t.Fatalf("GC pending %d, want the entry kept for fsck", e.gcPending())
-	}
-	if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: a.Ino}); err != nil {
-		t.Fatalf("the live file: %v", err)
+	if d := e.data.deletedCount(live[0].Ino); d != 1 {
+		t.Fatalf("the chunks of the file deleted after its stale entry were deleted %d times, want 1", d)
 	}
 }
 

@@ -114,7 +114,7 @@ type Service struct {
 
 	gcMu      sync.Mutex
 	gcRetryAt map[uint64]gcRetry // inodes whose chunk deletion failed
-	gcLive    map[uint64]bool    // queued inodes found still existing (logged once)
+	gcLive    map[uint64]bool    // queued inodes found still existing (logged once, rechecked every pass)
 
 	inos    inoRanges   // inode numbers reserved for this server (counters.go)
 	layouts layoutCache // effective layouts of directories (layoutcache.go)

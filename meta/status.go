@@ -157,17 +157,22 @@ func (s *Service) collectGarbage(ctx context.Context) (int, error) {
 		layout *weftv1.Layout
 	}
 	var items []item
-	var live []uint64
+	var live, recheck []uint64
 	err := s.view(ctx, func(x *tx) error {
-		return x.t.Scan(prefixGC, kv.PrefixEnd(prefixGC), func(k, v []byte) (bool, error) {
+		items, live, recheck = items[:0], live[:0], recheck[:0]
+		err := x.t.Scan(prefixGC, kv.PrefixEnd(prefixGC), func(k, v []byte) (bool, error) {
 			ino, err := inoFromKeySuffix(k)
 			if err != nil {
 				return false, err
 			}
-			if _, found, err := x.t.Get(inodeKey(ino)); err != nil {
-				return false, err
-			} else if found {
-				live = append(live, ino)
+			s.gcMu.Lock()
+			known := s.gcLive[ino]
+			s.gcMu.Unlock()
+			if known {
+				// Found live before: it does not take a place in the
+				// batch (a batch of them would starve the queue), but is
+				// looked at again in case the file has gone since.
+				recheck = append(recheck, ino)
 				return true, nil
 			}
 			l := new(weftv1.Layout)
@@ -177,18 +182,50 @@ func (s *Service) collectGarbage(ctx context.Context) (int, error) {
 			items = append(items, item{ino, l})
 			return len(items) < gcBatch, nil
 		})
+		if err != nil || len(items)+len(recheck) == 0 {
+			return err
+		}
+		keys := make([][]byte, 0, len(items)+len(recheck))
+		for _, it := range items {
+			keys = append(keys, inodeKey(it.ino))
+		}
+		for _, ino := range recheck {
+			keys = append(keys, inodeKey(ino))
+		}
+		_, found, err := kv.GetMany(x.t, keys)
+		if err != nil {
+			return err
+		}
+		queued := items[:0]
+		for i, it := range items {
+			if found[i] {
+				live = append(live, it.ino)
+			} else {
+				queued = append(queued, it)
+			}
+		}
+		gone := recheck[:0]
+		for i, ino := range recheck {
+			if !found[len(items)+i] {
+				gone = append(gone, ino)
+			}
+		}
+		items, recheck = queued, gone
+		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
+	s.gcMu.Lock()
+	for _, ino := range recheck {
+		delete(s.gcLive, ino) // deleted since: collected on the next pass
+	}
+	s.gcMu.Unlock()
 	for _, ino := range live {
 		s.gcMu.Lock()
-		logged := s.gcLive[ino]
 		s.gcLive[ino] = true
 		s.gcMu.Unlock()
-		if !logged {
-			s.log.Error("a file in the garbage collection queue still exists: its chunks are kept; run weft fsck --repair to drop the entry", "ino", ino)
-		}
+		s.log.Error("a file in the garbage collection queue still exists: its chunks are kept; run weft fsck --repair to drop the entry", "ino", ino)
 	}
 	done := 0
 	for _, it := range items {
