@@ -235,8 +235,8 @@ func (f *fscker) checkStaleRecords(ctx context.Context) error {
 	return nil
 }
 
-// checkGCQueue verifies GC queue entries of inodes that exist: the GC
-// loop would delete a live file's chunks.
+// checkGCQueue verifies GC queue entries of inodes that exist: damage
+// (the GC loop leaves such a file's chunks alone and logs it).
 func (f *fscker) checkGCQueue(ctx context.Context) error {
 	for ino := range f.scan.gc {
 		if _, ok := f.scan.inodes[ino]; !ok {
@@ -256,7 +256,7 @@ func (f *fscker) checkGCQueue(ctx context.Context) error {
 				}
 			}
 			return problem(fsckStaleGC, ino, 0, "", repair,
-				"inode %d is in the garbage collection queue but still exists: its chunks would be deleted (the queue entry is dropped)", ino), nil
+				"inode %d is in the garbage collection queue but still exists (the collector leaves its chunks alone; the queue entry is dropped)", ino), nil
 		})
 		if err != nil {
 			return err
