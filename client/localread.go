@@ -223,10 +223,10 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	in.openRangeLocked(layout, 0, n, idx)
 }
 
-// prefetchLocked asks the kernel to read the bytes [from, to) of the
-// file into its cache from the chunk files open in place
-// (POSIX_FADV_WILLNEED), as read-ahead would fetch them from a remote
-// server: on a disk the reader then finds them in memory. [from, to) is
+// prefetchLocked has the bytes [from, to) of the file read into the
+// page cache from the chunk files open in place (localChunk.prefetch),
+// as read-ahead would fetch them from a remote server: on a disk the
+// reader then finds them in memory; chunk files on a tmpfs are skipped. [from, to) is
 // the sequential reader's read-ahead window, so what is prefetched grows
 // with the stream and a reader that skips part of each record does not
 // make the disks read what it skips. Chunks still opening are prefetched
@@ -237,7 +237,7 @@ func (in *inode) prefetchLocked(layout *weftv1.Layout, from, to uint64) {
 	var todo []prefetch
 	for idx := from / cs; idx*cs < to; idx++ {
 		lc := in.local.chunks[idx]
-		if lc == nil || lc.file == nil {
+		if lc == nil || lc.file == nil || lc.inMemory {
 			continue
 		}
 		lo := max(int64(max(from, idx*cs)-idx*cs), lc.advised)
@@ -263,10 +263,6 @@ type prefetch struct {
 // and drops the references prefetchLocked took.
 func runPrefetches(todo []prefetch) {
 	for _, p := range todo {
-		if p.lc.inMemory {
-			p.lc.release() // its pages are its storage
-			continue
-		}
 		go func() {
 			defer p.lc.release()
 			p.lc.prefetch(p.lo, p.hi)
@@ -459,7 +455,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
 		return
 	}
-	if start := idx * uint64(op.layout.ChunkSize); op.ahead && lc.file != nil && in.local.adviseTo > start {
+	if start := idx * uint64(op.layout.ChunkSize); op.ahead && lc.file != nil && !lc.inMemory && in.local.adviseTo > start {
 		// The reader's window already reaches into it.
 		if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
 			lc.advised = hi

@@ -38,7 +38,7 @@ var populating = make(chan struct{}, maxPopulating)
 // prefetch reads bytes [lo, hi) of the chunk file into the page cache,
 // waiting for the disk.
 func (lc *localChunk) prefetch(lo, hi int64) {
-	if lc.inMemory || lo >= hi {
+	if lo >= hi {
 		return
 	}
 	fd := int(lc.file.Fd())
