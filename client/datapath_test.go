@@ -167,6 +167,17 @@ func TestReadAheadAdaptive(t *testing.T) {
 		}
 		return a
 	}
+	// The kernel's requests of a whole-file reader, 1 MiB each, each pair
+	// but the first arriving in reverse order (read-ahead requests are
+	// served in parallel): one stream, whose window reaches 8 MiB after
+	// 16 MiB.
+	outOfOrder := func() (a []access) {
+		a = append(a, access{0, 1 << 20})
+		for off := 1 << 20; off < 17<<20; off += 2 << 20 {
+			a = append(a, access{off + 1<<20, 1 << 20}, access{off, 1 << 20})
+		}
+		return a
+	}
 	random := func() (a []access) {
 		for range 100 {
 			a = append(a, access{rnd.IntN(size/4096-32) * 4096, piece})
@@ -184,6 +195,9 @@ func TestReadAheadAdaptive(t *testing.T) {
 		// Each of the first three streams fetches up to a window past
 		// its end, into bytes the next stream read already.
 		{"four interleaved sequential readers", interleaved(), 1.15, 1 << 20},
+		// 17 MiB read, and up to a whole window (8 MiB) fetched past the
+		// end of a request that came ahead.
+		{"first 17 MiB, requests out of order", outOfOrder(), 1.6, 8 << 20},
 		{"random 128 KiB reads", random(), 1.05, 0},
 	}
 	for _, tt := range tests {
@@ -191,7 +205,7 @@ func TestReadAheadAdaptive(t *testing.T) {
 			c, counts := countingClient(t, tc, Config{})
 			g, _ := open(t, c, "big", syscall.O_RDONLY)
 			defer g.Release(ctx)
-			buf := make([]byte, piece)
+			buf := make([]byte, 1<<20)
 			var read int
 			for _, a := range tt.accesses {
 				n, err := g.ReadAt(ctx, buf[:a.n], int64(a.off))

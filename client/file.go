@@ -107,6 +107,9 @@ func (c *Client) acquire(attr *weftv1.Attr) *inode {
 		in.layout = attr.Layout
 	}
 	in.metaSize, in.metaMtimeNs = attr.Size, attr.MtimeNs
+	if in.opens == 1 {
+		in.raState.skipped = false // how earlier openers read says nothing of this one
+	}
 	in.dropReadAheadLocked() // a fresh open reads what is stored now
 	in.mu.Unlock()
 	return in

@@ -9,17 +9,22 @@ import (
 )
 
 // Read-ahead follows up to raStreams read streams per open inode (several
-// readers of one file). A read that continues a stream (starts within
-// raSlack of where its last read ended: the kernel may deliver reads a
-// little out of order) adds to the bytes the stream read; any other read
+// readers of one file). A read that continues a stream (starts about where
+// its last read ended, see continues: the kernel delivers reads a little
+// out of order) adds to the bytes the stream read; any other read
 // starts a new stream in place of the least recently used one, whose
 // windows are dropped. The window is a power of two near an eighth of what the
 // stream has read so far — nothing below raMinWindow, at most
 // Config.ReadAheadBytes — so it doubles as a sequential reader goes on,
 // while a reader that reads part of each record and skips the rest gets
-// little read ahead past each part. When less than half a window is
-// fetched ahead of the reader, the client fetches up to a whole window
-// ahead, in pieces of at most raMaxPiece that never cross a chunk: the
+// little read ahead past each part. A stream from the start of the file,
+// while no other stream has begun since the file was opened (nothing says
+// the reader skips), gets half of what it has read instead, as the
+// kernel's read-ahead ramps: a whole-file reader reaches the largest
+// window after twice its size instead of eight times, and a reader that
+// skips pays for it once, with one window past its first part. When less
+// than half a window is fetched ahead of the reader, the client fetches up
+// to a whole window ahead, in pieces of at most raMaxPiece that never cross a chunk: the
 // pieces of different chunks, and so of different chains, are in flight
 // in parallel. A piece is dropped once its last byte is read.
 const (
@@ -27,12 +32,14 @@ const (
 	raMaxPiece  = 4 << 20
 	raSlack     = 256 << 10
 	raGrowth    = 8 // the window is about the stream's length / raGrowth
+	raGrowth0   = 2 // the same for a file's first stream from its start, until a second begins
 	raStreams   = 4 // streams followed per inode
 )
 
 // raStream is one read stream of an inode.
 type raStream struct {
 	next   uint64 // file offset where the stream's last read ended
+	start  uint64 // file offset of the stream's first read
 	seq    uint64 // bytes read by the stream
 	end    uint64 // file offset up to which pieces were fetched
 	window uint64 // current window
@@ -44,6 +51,17 @@ type raState struct {
 	streams   []*raStream
 	reads     uint64 // reads so far, to find the least recently used stream
 	maxWindow uint64 // largest window since the inode was opened
+	skipped   bool   // a second stream has begun since the file was opened by its first opener
+}
+
+// continues reports whether a read of [off, off+n) continues a stream
+// whose reads so far end at next. The kernel sends a file's read-ahead as
+// several requests at once, and they reach the client in any order: a
+// read may come one request ahead of the stream's end (a request of its
+// size not yet here), or one behind it (the one that came ahead moved the
+// end), each give or take raSlack.
+func continues(next, off, n uint64) bool {
+	return off <= next+n+raSlack && off+2*n+raSlack >= next
 }
 
 // streamLocked returns the stream a read of [off, off+n) continues, or a
@@ -53,7 +71,7 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 	st.reads++
 	var lru *raStream
 	for _, s := range st.streams {
-		if off+raSlack >= s.next && off <= s.next+raSlack {
+		if continues(s.next, off, n) {
 			s.seq += n
 			s.next = max(s.next, off+n)
 			s.used = st.reads
@@ -63,7 +81,10 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 			lru = s
 		}
 	}
-	s := &raStream{next: off + n, seq: n, used: st.reads}
+	s := &raStream{next: off + n, seq: n, used: st.reads, start: off}
+	if len(st.streams) > 0 {
+		st.skipped = true
+	}
 	if len(st.streams) < raStreams {
 		st.streams = append(st.streams, s)
 		return s
@@ -107,13 +128,21 @@ func (w *raWindow) release() {
 	}
 }
 
-// raWindowFor returns the window of a stream that has read seq bytes,
-// capped to limit (0: read-ahead off).
-func raWindowFor(seq uint64, limit int64) uint64 {
+// growth returns the divisor of stream s's window (see raGrowth0).
+func (st *raState) growth(s *raStream) uint64 {
+	if s.start == 0 && !st.skipped {
+		return raGrowth0
+	}
+	return raGrowth
+}
+
+// raWindowFor returns the window of a stream that has read seq bytes and
+// grows by growth, capped to limit (0: read-ahead off).
+func raWindowFor(seq, growth uint64, limit int64) uint64 {
 	if limit <= 0 {
 		return 0
 	}
-	w := seq / raGrowth
+	w := seq / growth
 	if w < raMinWindow {
 		return 0
 	}
@@ -133,7 +162,7 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 		return
 	}
 	st := in.streamLocked(off, n)
-	w := raWindowFor(st.seq, limit)
+	w := raWindowFor(st.seq, in.raState.growth(st), limit)
 	if st.seq > n {
 		in.openAheadLocked(layout, size, off+n)
 		if w > 0 && in.c.localReads() {
@@ -176,7 +205,7 @@ func (in *inode) dropWindowsLocked() {
 		w.release()
 	}
 	in.ra = nil
-	in.raState = raState{maxWindow: in.raState.maxWindow}
+	in.raState = raState{maxWindow: in.raState.maxWindow, skipped: in.raState.skipped}
 }
 
 // settledLocked reports whether chunk idx has no buffered or in-flight
