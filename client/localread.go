@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/weft-fs/weft/internal/pagecache"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -448,7 +449,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		file: opened.File, length: opened.Length, sums: opened.Sums}
 	if lc.file != nil {
 		c.localOpen.Add(1)
-		lc.inMemory = inMemoryFS(lc.file)
+		lc.inMemory = pagecache.InMemory(lc.file)
 	}
 	lc.refs.Store(1) // the list's
 	if !current {

@@ -2,8 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
-	"math/rand/v2"
 	"os"
 	"syscall"
 	"testing"
@@ -141,59 +139,5 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 				t.Errorf("%.2f of the file is in the page cache, want %.2f to %.2f", s, tt.atLeast, tt.atMost)
 			}
 		})
-	}
-}
-
-// TestPopulate checks the prefetch of a chunk file on a disk: the range
-// asked for is in the page cache afterwards, a range past the end of a
-// file (truncated under a reader) fails with EFAULT and no signal, and a
-// file on a tmpfs is known to need no prefetch.
-func TestPopulate(t *testing.T) {
-	dir := t.TempDir()
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(dir, &sfs); err != nil {
-		t.Fatal(err)
-	}
-	if sfs.Type == unix.TMPFS_MAGIC {
-		t.Skip("the temporary directory is on a tmpfs: nothing to prefetch")
-	}
-	const size = 8 << 20
-	p := dir + "/chunk"
-	if err := os.WriteFile(p, randomBytes(rand.New(rand.NewPCG(1, 2)), size), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dropCached(t, []string{p})
-	if s := cachedShare(t, []string{p}); s > 0.1 {
-		t.Skipf("%.2f of the file stays cached after FADV_DONTNEED", s)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if inMemoryFS(f) {
-		t.Errorf("a file in %s (file system type %#x) is taken for one in memory", dir, sfs.Type)
-	}
-	// The last quarter: it is cached, and so may be what the kernel reads
-	// around it.
-	err = populate(int(f.Fd()), 6<<20+100, size)
-	if errors.Is(err, errNoPopulate) {
-		t.Skip("MADV_POPULATE_READ is not supported by this kernel")
-	}
-	if err != nil {
-		t.Fatalf("populate: %v", err)
-	}
-	if s := cachedShare(t, []string{p}); s < 0.25 {
-		t.Errorf("%.2f of the file cached after populating its last quarter", s)
-	}
-	if err := populate(int(f.Fd()), size-4096, size+1<<20); !errors.Is(err, unix.EFAULT) {
-		t.Errorf("populate past the end of the file: %v, want EFAULT", err)
-	}
-	if shm, err := os.CreateTemp("/dev/shm", "weft-test-"); err == nil {
-		defer os.Remove(shm.Name())
-		defer shm.Close()
-		if !inMemoryFS(shm) {
-			t.Error("a file in /dev/shm is not taken for one in memory")
-		}
 	}
 }

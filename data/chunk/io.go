@@ -11,7 +11,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
+
+	"github.com/weft-fs/weft/internal/pagecache"
 )
 
 // zeroBlock is BlockSize zeros, for checksumming gaps without a buffer.
@@ -436,10 +439,41 @@ func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte
 	} else {
 		buf = alloc(int(alignedEnd - alignedStart))
 	}
+	if alignedEnd-alignedStart >= minReadIn {
+		t.readInCold(f, alignedStart, alignedEnd)
+	}
 	if err := t.readBlocks(f, id, buf, first); err != nil {
 		return nil, buf, err
 	}
 	return buf[off-alignedStart : end-alignedStart], buf, nil
+}
+
+// minReadIn is the least read for which a cold range is first read into
+// the page cache in large folios (readInCold).
+const minReadIn = 128 << 10
+
+// readInOff is set once the kernel turned out to lack MADV_POPULATE_READ.
+var readInOff atomic.Bool
+
+// readInCold reads bytes [lo, hi) of the chunk's data file into the page
+// cache in large folios when they are not there yet, before a read
+// copies them out: the kernel's own read-ahead of a file opened afresh
+// (every chunk read once is one) reads single pages, which this
+// machine's disk served at a third of the speed (see pagecache). Cold
+// 64 MiB reads through the servers (--local-reads=false) went from 1,158
+// to 1,336 MB/s with one reader and from 1,579 to 1,758 with four. A
+// target on a tmpfs has nothing to read in.
+func (t *Target) readInCold(f *chunkFile, lo, hi int64) {
+	if t.inMemory || readInOff.Load() {
+		return
+	}
+	read, err := pagecache.PopulateIfCold(int(f.data.Fd()), lo, hi)
+	if errors.Is(err, pagecache.ErrNoPopulate) {
+		readInOff.Store(true)
+	}
+	if read {
+		t.readIns.Add(1)
+	}
 }
 
 // OpenForRead opens chunk id for a client on this host to read in place:

@@ -42,6 +42,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weft-fs/weft/internal/pagecache"
 )
 
 const (
@@ -144,11 +146,17 @@ type Target struct {
 	dirty map[uint64]map[uint64]struct{}
 
 	spare spares // files of deleted chunks, for new ones (spare.go)
+
+	// inMemory is set when the target is on a file system that keeps its
+	// files in memory (tmpfs): nothing to read in ahead (readInCold).
+	inMemory bool
+	readIns  atomic.Int64 // reads whose range readInCold read in
 }
 
 func openTarget(s *Store, dir string) (*Target, error) {
 	dir = filepath.Clean(dir)
-	t := &Target{dir: dir, store: s, newEntries: make(map[uint64]bool), dirty: make(map[uint64]map[uint64]struct{})}
+	t := &Target{dir: dir, store: s, newEntries: make(map[uint64]bool), dirty: make(map[uint64]map[uint64]struct{}),
+		inMemory: pagecache.DirInMemory(dir)}
 	root := filepath.Join(dir, "chunks")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, t.ioError("create chunk directory", err)
