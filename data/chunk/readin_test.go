@@ -38,9 +38,9 @@ func TestColdReadsReadInAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name     string
-		drop     bool // drop the file from the page cache first
-		off, n   int
+		name    string
+		drop    bool // drop the file from the page cache first
+		off, n  int
 		readIns int64
 	}{
 		{"cold, 256 KiB", true, 512 << 10, 256 << 10, 1},
