@@ -118,17 +118,16 @@ func (t *chainTable) localMember(ch *weftv1.Chain) (*weftv1.ChainMember, *wire.C
 }
 
 // mayReadLocallyLocked reports whether chunk idx will likely be read in
-// place, and if so opens it ahead of the reader (read-ahead has nothing
-// else to do for it). Called with in.mu held.
+// place: read-ahead fetches nothing for it. It does not open the chunk:
+// openAheadLocked and the open around a reader's first read open chunks
+// a round per data server. Opening here, one chunk at a time, got ahead
+// of both once a file's first stream had a window from its first read
+// (raGrowth0): the reader's first read then found its chunk opening, so
+// nothing was opened around it, and every chunk cost a round trip of
+// its own. Called with in.mu held.
 func (in *inode) mayReadLocallyLocked(layout *weftv1.Layout, idx uint64) bool {
-	ch, w, ok := in.localSourceLocked(layout, idx)
-	if !ok {
-		return false
-	}
-	if in.findLocalLocked(idx, ch.Version) == nil && in.local.pending[idx] == nil {
-		in.openLocalLocked(layout, ch, w, idx, false, true)
-	}
-	return true
+	_, _, ok := in.localSourceLocked(layout, idx)
+	return ok
 }
 
 // localSourceLocked returns the chain of chunk idx and the data server

@@ -376,3 +376,61 @@ func TestReadInPlaceOpensAround(t *testing.T) {
 		})
 	}
 }
+
+// A sequential reader from the start of a file, read-ahead on, has the
+// file's chunks opened in a round per data server around its first read,
+// not one at a time ahead of it (its window grows from the first read).
+func TestReadInPlaceSequentialOpensInRounds(t *testing.T) {
+	const (
+		chunk  = 1 << 20
+		chunks = 16
+	)
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{})
+	model := randomBytes(rand.New(rand.NewPCG(23, 24)), chunks*chunk)
+	f := create(t, c, "seq", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rounds := func() uint64 {
+		c.chains.connsMu.Lock()
+		defer c.chains.connsMu.Unlock()
+		var n uint64
+		for _, w := range c.chains.wires {
+			n += w.OpenRounds()
+		}
+		return n
+	}
+	g, _ := open(t, c, "seq", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	before := rounds()
+	buf := make([]byte, 1<<20)
+	// The kernel's requests: half a MiB first, then a MiB at a time.
+	for off := 0; off < len(model); {
+		n := len(buf)
+		if off == 0 {
+			n = 512 << 10
+		}
+		n = min(n, len(model)-off)
+		if _, err := g.ReadAt(ctx, buf[:n], int64(off)); err != nil {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+		if !bytes.Equal(buf[:n], model[off:off+n]) {
+			t.Fatalf("read at %d: wrong bytes", off)
+		}
+		off += n
+	}
+	if c.LocalReadBytes() == 0 {
+		t.Fatal("nothing read in place")
+	}
+	// The first chunk on demand, then the others around it: one round
+	// per data server.
+	if n := rounds() - before; n > 1+2 {
+		t.Errorf("%d rounds of opens for a sequential read of %d chunks; want at most 3", n, chunks)
+	}
+}
