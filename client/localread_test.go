@@ -305,15 +305,7 @@ func TestReadInPlaceOpensAround(t *testing.T) {
 	tc := startCluster(t, layout, 2)
 	ctx := context.Background()
 	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1})
-	rounds := func() uint64 {
-		c.chains.connsMu.Lock()
-		defer c.chains.connsMu.Unlock()
-		var n uint64
-		for _, w := range c.chains.wires {
-			n += w.OpenRounds()
-		}
-		return n
-	}
+	rounds := func() uint64 { return openRounds(c) }
 	rnd := rand.New(rand.NewPCG(21, 22))
 	for _, tt := range []struct {
 		name       string
@@ -397,15 +389,7 @@ func TestReadInPlaceSequentialOpensInRounds(t *testing.T) {
 	if err := f.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rounds := func() uint64 {
-		c.chains.connsMu.Lock()
-		defer c.chains.connsMu.Unlock()
-		var n uint64
-		for _, w := range c.chains.wires {
-			n += w.OpenRounds()
-		}
-		return n
-	}
+	rounds := func() uint64 { return openRounds(c) }
 	g, _ := open(t, c, "seq", syscall.O_RDONLY)
 	defer g.Release(ctx)
 	before := rounds()
@@ -433,4 +417,16 @@ func TestReadInPlaceSequentialOpensInRounds(t *testing.T) {
 	if n := rounds() - before; n > 1+2 {
 		t.Errorf("%d rounds of opens for a sequential read of %d chunks; want at most 3", n, chunks)
 	}
+}
+
+// openRounds is the number of rounds of requests that opened chunks in
+// place, over all of c's data servers.
+func openRounds(c *Client) uint64 {
+	c.chains.connsMu.Lock()
+	defer c.chains.connsMu.Unlock()
+	var n uint64
+	for _, w := range c.chains.wires {
+		n += w.OpenRounds()
+	}
+	return n
 }
