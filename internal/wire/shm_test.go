@@ -282,3 +282,55 @@ func TestArenaIdleCountsUse(t *testing.T) {
 		}
 	}
 }
+
+// Past the bound, the buffers idle longest lose their pages, not the one
+// freed now: after a workload of small buffers filled the idle memory,
+// the large buffers of the next one keep their pages from one use to the
+// next.
+func TestArenaIdleDropsOldestFirst(t *testing.T) {
+	a, err := newArena(512 << 20)
+	if err != nil {
+		t.Skip("no arena:", err)
+	}
+	const small = 64 << 10
+	var bufs [][]byte
+	for range maxIdleArena / small {
+		b := a.get(small)
+		if b == nil {
+			t.Fatal("arena full")
+		}
+		for i := range b {
+			b[i] = 7
+		}
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs {
+		a.put(b)
+	}
+	if a.hot != maxIdleArena {
+		t.Fatalf("%d idle bytes kept, want the bound %d", a.hot, maxIdleArena)
+	}
+	large := arenaClass(1 << 20)
+	for round := range 8 {
+		b := a.get(1 << 20)
+		if b == nil {
+			t.Fatal("arena full")
+		}
+		for i := range b {
+			b[i] = byte(round)
+		}
+		a.put(b)
+		if n := len(a.cold[large]); n != 0 {
+			t.Fatalf("round %d: %d buffers of 1 MiB had their pages dropped, want none (the small idle ones go first)", round, n)
+		}
+		if n := len(a.free[large]); n != 1 {
+			t.Fatalf("round %d: %d idle buffers of 1 MiB, want 1 (reused)", round, n)
+		}
+	}
+	if a.hot > maxIdleArena {
+		t.Fatalf("%d idle bytes kept, bound %d", a.hot, maxIdleArena)
+	}
+	if got, want := len(a.cold[arenaClass(small)]), (1<<20)/small; got != want {
+		t.Errorf("%d small buffers had their pages dropped, want %d (room for one 1 MiB buffer)", got, want)
+	}
+}
