@@ -184,20 +184,7 @@ func TestArenaIdleBound(t *testing.T) {
 	if err != nil {
 		t.Skip("no arena:", err)
 	}
-	var bufs [][]byte
-	for range 128 {
-		b := a.get(1 << 20)
-		if b == nil {
-			t.Fatal("arena full")
-		}
-		for i := range b {
-			b[i] = 7
-		}
-		bufs = append(bufs, b)
-	}
-	for _, b := range bufs {
-		a.put(b)
-	}
+	useAndFree(t, a, 128, 1<<20)
 	if a.hot > maxIdleArena {
 		t.Fatalf("%d idle bytes kept, bound %d", a.hot, maxIdleArena)
 	}
@@ -293,20 +280,7 @@ func TestArenaIdleDropsOldestFirst(t *testing.T) {
 		t.Skip("no arena:", err)
 	}
 	const small = 64 << 10
-	var bufs [][]byte
-	for range maxIdleArena / small {
-		b := a.get(small)
-		if b == nil {
-			t.Fatal("arena full")
-		}
-		for i := range b {
-			b[i] = 7
-		}
-		bufs = append(bufs, b)
-	}
-	for _, b := range bufs {
-		a.put(b)
-	}
+	useAndFree(t, a, maxIdleArena/small, small)
 	if a.hot != maxIdleArena {
 		t.Fatalf("%d idle bytes kept, want the bound %d", a.hot, maxIdleArena)
 	}
@@ -332,5 +306,25 @@ func TestArenaIdleDropsOldestFirst(t *testing.T) {
 	}
 	if got, want := len(a.cold[arenaClass(small)]), (1<<20)/small; got != want {
 		t.Errorf("%d small buffers had their pages dropped, want %d (room for one 1 MiB buffer)", got, want)
+	}
+}
+
+// useAndFree gets n buffers of size bytes from a, writes all of each,
+// then gives them all back.
+func useAndFree(t *testing.T, a *arena, n, size int) {
+	t.Helper()
+	var bufs [][]byte
+	for range n {
+		b := a.get(size)
+		if b == nil {
+			t.Fatal("arena full")
+		}
+		for i := range b {
+			b[i] = 7
+		}
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs {
+		a.put(b)
 	}
 }
