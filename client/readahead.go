@@ -13,8 +13,8 @@ import (
 // its last read ended, see continues: the kernel delivers reads a little
 // out of order) adds to the bytes the stream read; any other read
 // starts a new stream in place of the least recently used one, whose
-// windows are dropped. The window is a power of two near an eighth of what the
-// stream has read so far — nothing below raMinWindow, at most
+// windows are dropped. The window is a power of two near an eighth of
+// what the stream has read so far — nothing below raMinWindow, at most
 // Config.ReadAheadBytes — so it doubles as a sequential reader goes on,
 // while a reader that reads part of each record and skips the rest gets
 // little read ahead past each part. A stream from the start of the file,
@@ -23,10 +23,11 @@ import (
 // kernel's read-ahead ramps: a whole-file reader reaches the largest
 // window after twice its size instead of eight times, and a reader that
 // skips pays for it once, with one window past its first part. When less
-// than half a window is fetched ahead of the reader, the client fetches up
-// to a whole window ahead, in pieces of at most raMaxPiece that never cross a chunk: the
-// pieces of different chunks, and so of different chains, are in flight
-// in parallel. A piece is dropped once its last byte is read.
+// than half a window is fetched ahead of the reader, the client fetches
+// up to a whole window ahead, in pieces of at most raMaxPiece that never
+// cross a chunk: the pieces of different chunks, and so of different
+// chains, are in flight in parallel. A piece is dropped once its last
+// byte is read.
 const (
 	raMinWindow = 128 << 10
 	raMaxPiece  = 4 << 20
