@@ -44,11 +44,26 @@ Example:
 		},
 	}
 	cmd.Flags().BoolVar(&f.passthrough, "passthrough", false, "let the kernel do reads and writes on the backing files (FUSE passthrough)")
-	cmd.Flags().BoolVar(&f.splice, "splice", true, "answer reads by splicing the backing file's pages to the kernel (no copy in this process); false: read them into a buffer and write that")
+	cmd.Flags().BoolVar(&f.splice, "splice", true, "answer reads by splicing the backing file's pages to the kernel (no copy in this process) where a pipe can hold them (fs.pipe-max-size); false: read them into a buffer and write that")
 	cmd.Flags().BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	cmd.Flags().StringVar(&f.readAhead, "kernel-read-ahead", formatSize(mount.DefaultKernelReadAhead),
 		"the kernel's read-ahead window of the mount, as weft mounts set it (needs root; 0: leave the kernel's 128 KiB)")
 	return cmd
+}
+
+// spliceNote says which reads the loopback splices.
+func spliceNote(on bool, limit int) string {
+	switch {
+	case !on:
+		return "reads copied through a buffer"
+	case limit == 0:
+		return "reads copied through a buffer: pipes cannot be resized here"
+	case limit >= 1<<20:
+		return "reads spliced"
+	default:
+		return fmt.Sprintf("reads up to %s spliced, larger ones copied through a buffer: "+
+			"a pipe holds at most fs.pipe-max-size; sysctl fs.pipe-max-size=2097152 splices all", formatSize(uint64(limit)))
+	}
 }
 
 // runLoopback mounts, waits for the context and unmounts.
@@ -70,7 +85,7 @@ func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
 			return failure("use "+d, fmt.Errorf("not a directory (%v)", err), "create it first")
 		}
 	}
-	root, err := fs.NewLoopbackRoot(src)
+	root, err := newLoopbackRoot(src, f.splice)
 	if err != nil {
 		return failure("open "+src, err, "check that it is readable")
 	}
@@ -100,7 +115,7 @@ func runLoopback(cmd *cobra.Command, f loopbackFlags, src, mnt string) error {
 	if err := mount.SetKernelReadAhead(mnt, readAhead); err != nil {
 		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "loopback of %s mounted at %s (passthrough %v); Ctrl-C unmounts\n", src, mnt, f.passthrough)
+	fmt.Fprintf(cmd.OutOrStdout(), "loopback of %s mounted at %s (passthrough %v, %s); Ctrl-C unmounts\n", src, mnt, f.passthrough, spliceNote(f.splice, root.spliceMax))
 	done := make(chan struct{})
 	go func() {
 		server.Wait()

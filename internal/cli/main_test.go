@@ -286,6 +286,21 @@ func isMounted(dir string) bool {
 	return err == nil && mp == dir
 }
 
+// isMountPoint reports whether a file system (of any kind) is mounted on
+// dir.
+func isMountPoint(dir string) bool {
+	mounts, err := readMountInfo()
+	if err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		if m.MountPoint == dir {
+			return true
+		}
+	}
+	return false
+}
+
 // waitMounted polls until dir is a weft mount.
 func waitMounted(dir string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)

@@ -14,7 +14,8 @@ import (
 	"github.com/weft-fs/weft/internal/testcluster"
 )
 
-// mountProcess is a "weft mount" running as an OS process.
+// mountProcess is a weft command that mounts (weft mount, weft loopback)
+// running as an OS process.
 type mountProcess struct {
 	dir    string
 	cmd    *exec.Cmd
@@ -27,12 +28,19 @@ type mountProcess struct {
 // and waits until it is mounted.
 func startMount(t *testing.T, metaAddr, dir string) *mountProcess {
 	t.Helper()
-	m := &mountProcess{dir: dir, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd := exec.Command(needWeftBinary(t), "mount", "--meta", metaAddr, "--entry-timeout", "1s", "--attr-timeout", "1s", dir)
+	cmd.Env = append(os.Environ(), "WEFT_RUNTIME_DIR="+filepath.Join(filepath.Dir(dir), "run"))
+	return startMounter(t, dir, cmd)
+}
+
+// startMounter starts cmd, a weft command that mounts dir and runs until
+// SIGINT, and waits until dir is mounted.
+func startMounter(t *testing.T, dir string, cmd *exec.Cmd) *mountProcess {
+	t.Helper()
+	m := &mountProcess{dir: dir, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m.cmd = exec.Command(needWeftBinary(t), "mount", "--meta", metaAddr, "--entry-timeout", "1s", "--attr-timeout", "1s", dir)
-	m.cmd.Env = append(os.Environ(), "WEFT_RUNTIME_DIR="+filepath.Join(filepath.Dir(dir), "run"))
 	m.cmd.Stderr = m.stderr
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
@@ -54,38 +62,38 @@ func startMount(t *testing.T, metaAddr, dir string) *mountProcess {
 				<-m.done
 			}
 		}
-		if isMounted(dir) {
+		if isMountPoint(dir) {
 			syscall.Unmount(dir, syscall.MNT_DETACH)
 		}
 	})
 	deadline := time.Now().Add(time.Minute)
-	for !isMounted(dir) {
+	for !isMountPoint(dir) {
 		select {
 		case <-m.done:
-			t.Fatalf("weft mount exited: %v\n%s", m.err, m.stderr)
+			t.Fatalf("%s exited: %v\n%s", m.cmd, m.err, m.stderr)
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("weft mount did not mount %s in time\n%s", dir, m.stderr)
+			t.Fatalf("%s did not mount %s in time\n%s", m.cmd, dir, m.stderr)
 		}
 	}
 	return m
 }
 
-// stop sends SIGINT and checks that weft mount exits 0 and unmounted.
+// stop sends SIGINT and checks that the command exits 0 and unmounted.
 func (m *mountProcess) stop(t *testing.T) {
 	t.Helper()
 	m.cmd.Process.Signal(os.Interrupt)
 	select {
 	case <-m.done:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("weft mount did not stop\n%s", m.stderr)
+		t.Fatalf("%s did not stop\n%s", m.cmd, m.stderr)
 	}
 	if m.err != nil {
-		t.Errorf("weft mount exited with %v\n%s", m.err, m.stderr)
+		t.Errorf("%s exited with %v\n%s", m.cmd, m.err, m.stderr)
 	}
-	if isMounted(m.dir) {
-		t.Errorf("%s still mounted after weft mount stopped", m.dir)
+	if isMountPoint(m.dir) {
+		t.Errorf("%s still mounted after %s stopped", m.dir, m.cmd)
 	}
 }
 
