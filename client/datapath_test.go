@@ -35,6 +35,20 @@ func (d countingData) WriteChunk(ctx context.Context, in *weftv1.WriteChunkReque
 	return d.DataClient.WriteChunk(ctx, in, opts...)
 }
 
+// WritePieces counts a write of pieces and passes it on as it came: to a
+// data client that sends pieces from their own buffers, else gathered.
+func (d countingData) WritePieces(ctx context.Context, in *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
+	d.c.writes.Add(1)
+	if in.GetSync() {
+		d.c.syncWrites.Add(1)
+	}
+	if pw, ok := d.DataClient.(piecesWriter); ok {
+		return pw.WritePieces(ctx, in, pieces)
+	}
+	in.Data = gather(pieces)
+	return d.DataClient.WriteChunk(ctx, in)
+}
+
 func (d countingData) SyncFile(ctx context.Context, in *weftv1.SyncFileRequest, opts ...grpc.CallOption) (*weftv1.SyncFileResponse, error) {
 	d.c.syncFiles.Add(1)
 	return d.DataClient.SyncFile(ctx, in, opts...)

@@ -538,13 +538,58 @@ func (c *Client) writeChunk(ctx context.Context, ino uint64, l *weftv1.Layout, i
 // offset, data and sync set, to the head of the chunk's chain (what names
 // it in errors); the rest of the request is filled in here.
 func (c *Client) sendChunkWrite(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, what string, req *weftv1.WriteChunkRequest) error {
+	return c.sendChunkWritePieces(ctx, ino, l, idx, what, req, nil)
+}
+
+// piecesWriter is a data client that sends a write of pieces from the
+// pieces' own buffers (wire.DataClient).
+type piecesWriter interface {
+	WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error)
+}
+
+// sendChunkWritePieces is sendChunkWrite of a write of pieces whose bytes
+// are pieces (req.Data unset) when pieces is not nil. A data server
+// reached over the lean data path gets them copied straight into the
+// shared arena; for one reached over gRPC they are gathered into one
+// buffer first.
+func (c *Client) sendChunkWritePieces(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, what string, req *weftv1.WriteChunkRequest, pieces [][]byte) error {
 	chain := chainFor(l, idx)
 	req.Chunk, req.ChainId, req.ChunkSize = &weftv1.ChunkID{Ino: ino, Index: idx}, chain, l.ChunkSize
+	var gathered []byte
+	defer func() {
+		if gathered != nil {
+			wire.PutBuffer(gathered) // every call copied or sent it before returning
+		}
+	}()
 	return c.onChain(ctx, chain, what, func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
 		req.ChainVersion = version // attempts run one after another
+		if pieces != nil {
+			if pw, ok := dc.(piecesWriter); ok {
+				req.Data = nil
+				_, err := pw.WritePieces(ctx, req, pieces)
+				return err
+			}
+			if gathered == nil {
+				gathered = gather(pieces)
+			}
+			req.Data = gathered
+		}
 		_, err := dc.WriteChunk(ctx, req)
 		return err
 	})
+}
+
+// gather copies pieces one after another into a buffer of the wire pool.
+func gather(pieces [][]byte) []byte {
+	n := 0
+	for _, p := range pieces {
+		n += len(p)
+	}
+	b := wire.GetBuffer(n)[:0]
+	for _, p := range pieces {
+		b = append(b, p...)
+	}
+	return b
 }
 
 // maxPiecesPerWrite bounds the pieces of one chunk write.
@@ -555,18 +600,12 @@ const maxPiecesPerWrite = 1024
 func (c *Client) writeChunkPieces(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, extents []extent, sync bool) error {
 	offs := make([]uint64, len(extents))
 	lens := make([]uint32, len(extents))
-	total := 0
+	pieces := make([][]byte, len(extents))
 	for i, e := range extents {
-		offs[i], lens[i] = e.off, uint32(len(e.data))
-		total += len(e.data)
+		offs[i], lens[i], pieces[i] = e.off, uint32(len(e.data)), e.data
 	}
-	data := wire.GetBuffer(total)[:0] // the call copies or sends it before returning
-	defer wire.PutBuffer(data)
-	for _, e := range extents {
-		data = append(data, e.data...)
-	}
-	return c.sendChunkWrite(ctx, ino, l, idx, fmt.Sprintf("write %d pieces of chunk %d of file %d", len(extents), idx, ino),
-		&weftv1.WriteChunkRequest{Offset: weftv1.PiecesOffset, Data: data, Sync: sync, PieceOffsets: offs, PieceLengths: lens})
+	return c.sendChunkWritePieces(ctx, ino, l, idx, fmt.Sprintf("write %d pieces of chunk %d of file %d", len(extents), idx, ino),
+		&weftv1.WriteChunkRequest{Offset: weftv1.PiecesOffset, Sync: sync, PieceOffsets: offs, PieceLengths: lens}, pieces)
 }
 
 // errNotRegular is returned for data operations on a File that is not a

@@ -494,22 +494,57 @@ func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 		return nil, err
 	}
 	data := req.GetData()
-	n, fill := len(data), func(b []byte) { copy(b, data) }
 	if len(req.GetPieceOffsets()) > 0 {
-		n, fill = piecesTableLen(len(req.GetPieceOffsets()))+len(data), func(b []byte) { putPieces(b, req) }
-	} else if cc.shm != nil && n > 0 && cc.shm.lend(data) {
+		return c.writePieces(ctx, cc, req, [][]byte{data})
+	}
+	if cc.shm != nil && len(data) > 0 && cc.shm.lend(data) {
 		return writeResponse(c.writeShm(ctx, cc, req, data))
 	}
+	if b := cc.lend(len(data)); b != nil {
+		copy(b, data)
+		return c.writeLent(ctx, cc, req, b)
+	}
+	return c.writeInFrame(ctx, cc, req, data)
+}
+
+// WritePieces sends a write of pieces (req.PieceOffsets and
+// req.PieceLengths) whose bytes are pieces, one after another, instead of
+// req.Data: over the arena they are copied straight into the lent buffer
+// behind the table, without being gathered first.
+func (c *Client) WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
+	cc, err := c.pick(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.writePieces(ctx, cc, req, pieces)
+}
+
+func (c *Client) writePieces(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
+	offs, lens := req.GetPieceOffsets(), req.GetPieceLengths()
+	n := piecesTableLen(len(offs))
+	for _, p := range pieces {
+		n += len(p)
+	}
 	if b := cc.lend(n); b != nil {
-		fill(b)
-		cl, err := c.writeShm(ctx, cc, req, b)
-		cc.shm.put(b)
-		return writeResponse(cl, err)
+		putPieces(b, offs, lens, pieces)
+		return c.writeLent(ctx, cc, req, b)
 	}
-	if len(req.GetPieceOffsets()) > 0 {
-		data = make([]byte, n)
-		fill(data)
-	}
+	data := make([]byte, n)
+	putPieces(data, offs, lens, pieces)
+	return c.writeInFrame(ctx, cc, req, data)
+}
+
+// writeLent sends a write whose bytes are b, a buffer the connection lent
+// from the arena, and gives b back.
+func (c *Client) writeLent(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, b []byte) (*weftv1.WriteChunkResponse, error) {
+	cl, err := c.writeShm(ctx, cc, req, b)
+	cc.shm.put(b)
+	return writeResponse(cl, err)
+}
+
+// writeInFrame sends a write whose bytes, data, follow its fields in the
+// frame.
+func (c *Client) writeInFrame(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, data []byte) (*weftv1.WriteChunkResponse, error) {
 	var m [writeMetaLen]byte
 	putWrite(m[:], req)
 	return writeResponse(c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil))

@@ -25,6 +25,12 @@ func (d DataClient) WriteChunk(ctx context.Context, in *weftv1.WriteChunkRequest
 	return d.W.WriteChunk(ctx, in)
 }
 
+// WritePieces sends a write of pieces whose bytes are pieces (see
+// Client.WritePieces).
+func (d DataClient) WritePieces(ctx context.Context, in *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
+	return d.W.WritePieces(ctx, in, pieces)
+}
+
 // ReadChunk implements weftv1.DataClient over the lean data path. Call
 // options are ignored.
 func (d DataClient) ReadChunk(ctx context.Context, in *weftv1.ReadChunkRequest, _ ...grpc.CallOption) (*weftv1.ReadChunkResponse, error) {

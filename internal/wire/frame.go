@@ -193,17 +193,20 @@ func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 // uint32 lengths.
 func piecesTableLen(n int) int { return 4 + 12*n }
 
-// putPieces writes r's pieces, table first, into b (of
-// piecesTableLen(n) + len(r.Data) bytes).
-func putPieces(b []byte, r *weftv1.WriteChunkRequest) {
-	offs, lens := r.GetPieceOffsets(), r.GetPieceLengths()
+// putPieces writes the table of pieces (offs, lens) into b, then the
+// pieces' bytes, data one after another (b has piecesTableLen(len(offs))
+// bytes plus theirs).
+func putPieces(b []byte, offs []uint64, lens []uint32, data [][]byte) {
 	n := len(offs)
 	le.PutUint32(b, uint32(n))
 	for i := range n {
 		le.PutUint64(b[4+8*i:], offs[i])
 		le.PutUint32(b[4+8*n+4*i:], lens[i])
 	}
-	copy(b[piecesTableLen(n):], r.GetData())
+	b = b[piecesTableLen(n):]
+	for _, d := range data {
+		b = b[copy(b, d):]
+	}
 }
 
 // getPieces splits data sent by putPieces; on a table that does not fit

@@ -205,7 +205,8 @@ func TestArenaIdleBound(t *testing.T) {
 }
 
 // A write of pieces arrives with its offsets, lengths and bytes as sent,
-// over TCP (in the frame) and over the Unix socket (in the arena).
+// over TCP (in the frame) and over the Unix socket (in the arena), with
+// its bytes in one buffer (WriteChunk) or in one per piece (WritePieces).
 func TestWriteOfPieces(t *testing.T) {
 	var mu sync.Mutex
 	var got *weftv1.WriteChunkRequest
@@ -220,16 +221,35 @@ func TestWriteOfPieces(t *testing.T) {
 	tcp, _ := start(t, h, 1)
 	want := &weftv1.WriteChunkRequest{Chunk: &weftv1.ChunkID{Index: 3}, Offset: weftv1.PiecesOffset,
 		Data: []byte("aaaabbbbbbccc"), PieceOffsets: []uint64{0, 8 << 10, 1<<20 - 3}, PieceLengths: []uint32{4, 6, 3}}
+	sends := []struct {
+		name string
+		send func(c *Client) error
+	}{
+		{"WriteChunk, bytes gathered", func(c *Client) error {
+			_, err := c.WriteChunk(context.Background(), want)
+			return err
+		}},
+		{"WritePieces, bytes of each piece apart", func(c *Client) error {
+			req := &weftv1.WriteChunkRequest{Chunk: want.Chunk, Offset: want.Offset, PieceOffsets: want.PieceOffsets, PieceLengths: want.PieceLengths}
+			_, err := c.WritePieces(context.Background(), req, [][]byte{[]byte("aaaa"), []byte("bbbbbb"), []byte("ccc")})
+			return err
+		}},
+	}
 	for name, c := range map[string]*Client{"unix socket": shm, "tcp": tcp} {
-		if _, err := c.WriteChunk(context.Background(), want); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		mu.Lock()
-		g := got
-		mu.Unlock()
-		if g.GetOffset() != weftv1.PiecesOffset || !bytes.Equal(g.GetData(), want.Data) ||
-			!slices.Equal(g.GetPieceOffsets(), want.PieceOffsets) || !slices.Equal(g.GetPieceLengths(), want.PieceLengths) {
-			t.Fatalf("%s: arrived as offset %d, %q, pieces %v %v", name, g.GetOffset(), g.GetData(), g.GetPieceOffsets(), g.GetPieceLengths())
+		for _, s := range sends {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			if err := s.send(c); err != nil {
+				t.Fatalf("%s, %s: %v", name, s.name, err)
+			}
+			mu.Lock()
+			g := got
+			mu.Unlock()
+			if g.GetOffset() != weftv1.PiecesOffset || !bytes.Equal(g.GetData(), want.Data) ||
+				!slices.Equal(g.GetPieceOffsets(), want.PieceOffsets) || !slices.Equal(g.GetPieceLengths(), want.PieceLengths) {
+				t.Fatalf("%s, %s: arrived as offset %d, %q, pieces %v %v", name, s.name, g.GetOffset(), g.GetData(), g.GetPieceOffsets(), g.GetPieceLengths())
+			}
 		}
 	}
 	if shm.ShmCalls() == 0 {
