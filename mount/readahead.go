@@ -17,7 +17,7 @@ import (
 // it a sequential reader's data comes in 128 KiB requests, eight per
 // MiB, each a round through the client. With 1 MiB a cold 2 GiB dd read
 // went from 1.5 to 2.2 GB/s on a tmpfs-backed cluster, the client's CPU
-// per MB down by a third (README "Results").
+// per MB down by a third (bench/RESULTS.md, "Earlier runs").
 const DefaultKernelReadAhead = maxWrite
 
 // bdiDir is where the kernel lists its backing devices (a FUSE mount has
