@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"syscall"
 
@@ -106,7 +107,11 @@ func newLoopbackRoot(src string, spliceOn bool) (*loopbackNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &loopbackNode{LoopbackNode: root.(*fs.LoopbackNode)}
+	ln, ok := root.(*fs.LoopbackNode)
+	if !ok {
+		return nil, fmt.Errorf("go-fuse's loopback root is a %T, not a *fs.LoopbackNode", root)
+	}
+	n := &loopbackNode{LoopbackNode: ln}
 	if spliceOn && splice.Resizable() {
 		n.spliceMax = spliceLimit(splice.MaxPipeSize())
 	}
