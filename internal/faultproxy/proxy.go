@@ -9,7 +9,8 @@
 //     network partition that only timeouts reveal;
 //   - Restore ends either: new connections are forwarded again (the
 //     connections cut or blackholed stay dead; their peers reconnect);
-//   - SetLatency delays every forwarded segment, in each direction.
+//   - SetLatency delays every forwarded segment, in each direction, as a
+//     long link does: a delay, not a limit on the rate.
 //
 // Point a process at Addr() instead of the upstream (for a server: make
 // it advertise the proxy's address) and the test controls its network.
@@ -216,33 +217,71 @@ func (p *Proxy) handle(down net.Conn) {
 	<-done
 }
 
+// segment is a piece of one direction's traffic on its way through the
+// proxy: the bytes read, when they may be written, and how reading ended
+// (err set on the last one).
+type segment struct {
+	data []byte
+	due  time.Time
+	err  error
+}
+
+// delayQueue bounds the segments one direction holds back (64 KiB each):
+// with a latency, a connection carries up to this much per latency, as a
+// link with that delay and a large window would.
+const delayQueue = 1024
+
 // pipe copies from src to dst, applying the proxy's mode and latency to
-// every segment. It reports whether src ended cleanly (then dst's write
-// side is closed and the other direction may go on).
+// every segment. The latency is a delay, not a rate: segments read one
+// after another are written one after another, each the latency after it
+// was read, so a connection's throughput does not depend on it. pipe
+// reports whether src ended cleanly (then dst's write side is closed and
+// the other direction may go on).
 func (p *Proxy) pipe(dst, src net.Conn) bool {
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
+	q := make(chan segment, delayQueue)
+	stop := make(chan struct{}) // the writer gave up: the reader ends too
+	defer close(stop)
+	go func() {
+		defer close(q)
+		for {
+			buf := make([]byte, 64<<10)
+			n, err := src.Read(buf)
 			p.mu.Lock()
-			mode, lat := p.mode, p.latency
+			lat := p.latency
 			p.mu.Unlock()
-			if lat > 0 {
-				time.Sleep(lat)
+			select {
+			case q <- segment{data: buf[:n], due: time.Now().Add(lat), err: err}:
+			case <-stop:
+				return
 			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for sg := range q {
+		if d := time.Until(sg.due); d > 0 {
+			time.Sleep(d)
+		}
+		if len(sg.data) > 0 {
+			p.mu.Lock()
+			mode := p.mode
+			p.mu.Unlock()
 			switch mode {
 			case Refuse:
+				src.Close() // ends the reader
 				return false
 			case Drop:
 				// swallowed
 			default:
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				if _, werr := dst.Write(sg.data); werr != nil {
+					src.Close()
 					return false
 				}
 			}
 		}
-		if err != nil {
-			if err != io.EOF {
+		if sg.err != nil {
+			if sg.err != io.EOF {
 				return false
 			}
 			if tc, ok := dst.(*net.TCPConn); ok {
@@ -251,4 +290,5 @@ func (p *Proxy) pipe(dst, src net.Conn) bool {
 			return true
 		}
 	}
+	return false
 }

@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"testing"
@@ -132,6 +133,32 @@ func TestProxy(t *testing.T) {
 			// One delay each way.
 			if d := time.Since(start); d < 200*time.Millisecond {
 				t.Fatalf("round trip took %v with 100ms latency each way", d)
+			}
+		}},
+		{"latency delays, it does not limit the rate", func(t *testing.T, p *Proxy) {
+			// 4 MiB each way is 64 segments of at most 64 KiB: held
+			// back one after another, they would take 64 latencies
+			// (12.8 s) each way; delayed together, about one.
+			const lat = 200 * time.Millisecond
+			p.SetLatency(lat)
+			c := dial(t, p)
+			c.SetDeadline(time.Now().Add(time.Minute))
+			data := make([]byte, 4<<20)
+			for i := range data {
+				data[i] = byte(i * 7)
+			}
+			start := time.Now()
+			go c.Write(data)
+			got := make([]byte, len(data))
+			if _, err := io.ReadFull(c, got); err != nil {
+				t.Fatal(err)
+			}
+			d := time.Since(start)
+			if !bytes.Equal(got, data) {
+				t.Fatal("the bytes came back changed")
+			}
+			if d < 2*lat || d > 32*lat {
+				t.Fatalf("4 MiB echoed in %v with %v latency each way; want about %v, far below 64 x %v", d, lat, 2*lat, lat)
 			}
 		}},
 		{"close ends connections", func(t *testing.T, p *Proxy) {
