@@ -79,9 +79,11 @@ type Config struct {
 	// DefaultUnavailableTimeout (30 s).
 	UnavailableTimeout time.Duration
 	// ReadAheadBytes is the largest read-ahead window of a sequential
-	// reader: the window grows with the stream up to it, fetched as
-	// per-chunk pieces in parallel. Default DefaultReadAheadBytes (8 MiB);
-	// negative turns read-ahead off.
+	// reader near its data servers: the window grows with the stream up
+	// to it, fetched as per-chunk pieces in parallel. Far from the
+	// servers it may grow further, with their round trip (see farScale).
+	// Default DefaultReadAheadBytes (8 MiB); negative turns read-ahead
+	// off.
 	ReadAheadBytes int64
 	// NoLocalReads turns reads in place off: chunks of data servers on
 	// this host are then read through the servers like any other (see

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-fs/weft/internal/faultproxy"
 	"github.com/weft-fs/weft/internal/testservers"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -27,6 +28,9 @@ type clusterOpts struct {
 	// proxied puts a countingProxy in front of every data server (clients
 	// and peers reach it through the proxy).
 	proxied bool
+	// latency puts a delay line (internal/faultproxy) with this latency
+	// each way in front of every data server instead: they are far away.
+	latency time.Duration
 }
 
 // startCluster runs a meta service and nData data servers in-process over
@@ -54,6 +58,16 @@ func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clust
 					px.close() // connections die at once, as with a killed process
 				}
 			}
+		}
+	}
+	if opts.latency > 0 {
+		o.Front = func(i int, addr string) (string, func()) {
+			px, err := faultproxy.New(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			px.SetLatency(opts.latency)
+			return px.Addr(), func() { px.Close() }
 		}
 	}
 	tc.Servers = testservers.Start(t, o)

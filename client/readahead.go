@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -53,6 +54,9 @@ type raState struct {
 	reads     uint64 // reads so far, to find the least recently used stream
 	maxWindow uint64 // largest window since the inode was opened
 	skipped   bool   // a second stream has begun since the file was opened by its first opener
+	// limit is the largest window allowed so far (farScale), which the
+	// number of windows kept follows.
+	limit int64
 }
 
 // continues reports whether a read of [off, off+n) continues a stream
@@ -137,6 +141,25 @@ func (st *raState) growth(s *raStream) uint64 {
 	return raGrowth
 }
 
+// Far from the data servers a stream has at most one window in flight
+// per round trip, so the window bounds its rate: 8 MiB per 20 ms is 400
+// MB/s at most. The largest window therefore grows with the round trip
+// of the data server a stream reads from, Config.ReadAheadBytes for
+// each farRoundTrip of it, up to farMaxScale times and farMaxWindow:
+// with the default, 32 MiB at 20 ms and 64 MiB at 40 ms or more. Near
+// servers (a round trip under 2 farRoundTrip) leave it as it is.
+const (
+	farRoundTrip = 5 * time.Millisecond
+	farMaxScale  = 8
+	farMaxWindow = 256 << 20
+)
+
+// farScale is how many times Config.ReadAheadBytes a stream's window may
+// reach when its data server is rt away (0: not known).
+func farScale(rt time.Duration) int64 {
+	return min(max(int64(rt/farRoundTrip), 1), farMaxScale)
+}
+
 // raWindowFor returns the window of a stream that has read seq bytes and
 // grows by growth, capped to limit (0: read-ahead off).
 func raWindowFor(seq, growth uint64, limit int64) uint64 {
@@ -162,6 +185,12 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 	if limit <= 0 {
 		return
 	}
+	if ch := in.c.chains.get(chainFor(layout, (off+n)/uint64(layout.ChunkSize))); ch != nil {
+		if far := farScale(in.c.chains.nearestRoundTrip(ch)); far > 1 {
+			limit = max(limit, min(limit*far, farMaxWindow))
+		}
+	}
+	in.raState.limit = max(in.raState.limit, limit)
 	st := in.streamLocked(off, n)
 	w := raWindowFor(st.seq, in.raState.growth(st), limit)
 	if st.seq > n {
@@ -206,7 +235,7 @@ func (in *inode) dropWindowsLocked() {
 		w.release()
 	}
 	in.ra = nil
-	in.raState = raState{maxWindow: in.raState.maxWindow, skipped: in.raState.skipped}
+	in.raState = raState{maxWindow: in.raState.maxWindow, skipped: in.raState.skipped, limit: in.raState.limit}
 }
 
 // settledLocked reports whether chunk idx has no buffered or in-flight
@@ -219,7 +248,7 @@ func (in *inode) settledLocked(idx uint64) bool {
 // maxWindowsLocked is how many windows an inode keeps: per stream, enough
 // for one and a half of the largest window in pieces of the layout's size.
 func (in *inode) maxWindowsLocked(layout *weftv1.Layout) int {
-	limit := uint64(max(in.c.cfg.ReadAheadBytes, raMinWindow))
+	limit := uint64(max(in.c.cfg.ReadAheadBytes, in.raState.limit, raMinWindow))
 	piece := min(uint64(layout.ChunkSize), raMaxPiece, limit)
 	return len(in.raState.streams) * int(min(2*limit/max(piece, 1)+4, 1024))
 }

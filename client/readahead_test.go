@@ -1,6 +1,15 @@
 package client
 
-import "testing"
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"syscall"
+	"testing"
+	"time"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
 
 // TestContinues checks which reads continue a stream: the next request,
 // one that came ahead of a request of its size, one that came behind, and
@@ -59,5 +68,95 @@ func TestWindowGrowth(t *testing.T) {
 				t.Errorf("raWindowFor(%d, %d, %d) = %d, want %d", tt.seq, tt.growth, tt.limit, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestFarScale(t *testing.T) {
+	for _, tc := range []struct {
+		rt   time.Duration
+		want int64
+	}{
+		{0, 1},
+		{time.Millisecond, 1},
+		{4900 * time.Microsecond, 1},
+		{5 * time.Millisecond, 1},
+		{10 * time.Millisecond, 2},
+		{20 * time.Millisecond, 4},
+		{40 * time.Millisecond, 8},
+		{time.Second, 8},
+	} {
+		if got := farScale(tc.rt); got != tc.want {
+			t.Errorf("farScale(%v) = %d, want %d", tc.rt, got, tc.want)
+		}
+	}
+}
+
+// TestServerRoundTrip checks the latency floor: the smallest read latency
+// of a period, a new period after floorPeriod, nothing once stale.
+func TestServerRoundTrip(t *testing.T) {
+	var s serverStat
+	t0 := time.Now()
+	steps := []struct {
+		at   time.Duration // since t0
+		d    time.Duration // a read's latency (0: none, only look)
+		want time.Duration
+	}{
+		{0, 30 * time.Millisecond, 30 * time.Millisecond},
+		{time.Second, 20 * time.Millisecond, 20 * time.Millisecond},
+		{1500 * time.Millisecond, 25 * time.Millisecond, 20 * time.Millisecond},
+		// A new period: the link may have changed.
+		{2500 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond},
+		{3 * time.Second, 0, 40 * time.Millisecond},
+		// No read for two periods: not known any more.
+		{7 * time.Second, 0, 0},
+	}
+	for _, st := range steps {
+		now := t0.Add(st.at)
+		if st.d > 0 {
+			s.observeAt(now, st.d, 1<<20)
+		}
+		if got := s.roundTrip(now); got != st.want {
+			t.Errorf("at %v: round trip %v, want %v", st.at, got, st.want)
+		}
+	}
+}
+
+// TestReadAheadGrowsFarFromServers reads a file whose data servers are
+// behind a 10 ms delay each way: a sequential reader's window grows past
+// Config.ReadAheadBytes (farScale), as one window per round trip would
+// cap its rate at the window per 20 ms. Near servers keep the limit
+// (TestReadAheadAdaptive).
+func TestReadAheadGrowsFarFromServers(t *testing.T) {
+	const size = 48 << 20
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
+	tc := startClusterOpts(t, layout, 2, clusterOpts{latency: 10 * time.Millisecond})
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: 4 << 20})
+	model := randomBytes(rand.New(rand.NewPCG(31, 32)), size)
+	f := create(t, c, "far", syscall.O_WRONLY)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := open(t, c, "far", syscall.O_RDONLY)
+	defer g.Release(ctx)
+	buf := make([]byte, 1<<20)
+	for off := 0; off < size; off += len(buf) {
+		if _, err := g.ReadAt(ctx, buf, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, model[off:off+len(buf)]) {
+			t.Fatalf("read at %d: bytes differ", off)
+		}
+	}
+	in := c.lookupInode(g.Ino())
+	in.mu.Lock()
+	maxWin, limit := in.raState.maxWindow, in.raState.limit
+	in.mu.Unlock()
+	t.Logf("largest window %d MiB, limit %d MiB", maxWin>>20, limit>>20)
+	if maxWin <= 4<<20 {
+		t.Errorf("largest read-ahead window %d KiB with data servers 20 ms away; want more than the configured 4 MiB", maxWin>>10)
 	}
 }

@@ -44,7 +44,17 @@ type serverStat struct {
 	rtt       time.Duration // moving average of read latency
 	at        time.Time     // of the last sample
 	downUntil time.Time
+	// floor is the smallest read latency, as measured (not scaled by
+	// size), of the samples since floorAt; a new period starts with the
+	// first sample after floorPeriod. Any read costs at least a round
+	// trip, so the floor approaches it.
+	floor   time.Duration
+	floorAt time.Time
 }
+
+// floorPeriod is how long a latency floor holds before the next sample
+// starts a new one (the link may have changed).
+const floorPeriod = 2 * time.Second
 
 // stat returns the statistics of the data server at addr.
 func (t *chainTable) stat(addr string) *serverStat {
@@ -62,12 +72,21 @@ func (t *chainTable) stat(addr string) *serverStat {
 // rttRefBytes count per rttRefBytes, so that the large pieces of a
 // growing read-ahead window do not make a replica look far away.
 func (s *serverStat) observe(d time.Duration, n int) {
+	s.observeAt(time.Now(), d, n)
+}
+
+func (s *serverStat) observeAt(now time.Time, d time.Duration, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.floor == 0 || d < s.floor || now.Sub(s.floorAt) > floorPeriod {
+		if s.floor == 0 || now.Sub(s.floorAt) > floorPeriod {
+			s.floorAt = now
+		}
+		s.floor = d
+	}
 	if n > rttRefBytes {
 		d = time.Duration(float64(d) * rttRefBytes / float64(n))
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
 	if prev := s.faded(now); prev == 0 {
 		s.rtt = d
 	} else {
@@ -75,6 +94,33 @@ func (s *serverStat) observe(d time.Duration, n int) {
 	}
 	s.at = now
 	s.downUntil = time.Time{}
+}
+
+// roundTrip is the server's latency floor (about its round trip), or 0
+// when no read has been measured for two periods.
+func (s *serverStat) roundTrip(now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.floorAt) > 2*floorPeriod {
+		return 0
+	}
+	return s.floor
+}
+
+// nearestRoundTrip is the round trip of the nearest serving member of ch
+// whose round trip is known (0: none is).
+func (t *chainTable) nearestRoundTrip(ch *weftv1.Chain) time.Duration {
+	now := time.Now()
+	var best time.Duration
+	for _, m := range ch.Members {
+		if !serving(m) {
+			continue
+		}
+		if rt := t.stat(m.Address).roundTrip(now); rt > 0 && (best == 0 || rt < best) {
+			best = rt
+		}
+	}
+	return best
 }
 
 // markDown makes reads avoid the server for a while.

@@ -49,7 +49,7 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 	fl.StringVar(&s.writeBuffer, "write-buffer", "64MiB",
 		"bytes of written data the client holds before sending (bounds its memory; e.g. 256MiB)")
 	fl.StringVar(&s.readAhead, "read-ahead", "8MiB",
-		"largest read-ahead window of a sequential reader (0: no read-ahead; data servers 20 ms or more away: 32MiB or 64MiB, see the client README)")
+		"largest read-ahead window of a sequential reader near its data servers; it grows up to 8 times with their round trip, once per 5 ms (0: no read-ahead)")
 	fl.BoolVar(&s.localReads, "local-reads", true,
 		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
 	fl.BoolVar(&s.delegations, "create-delegations", true,
