@@ -82,6 +82,7 @@ type Config struct {
 	// reader near its data servers: the window grows with the stream up
 	// to it, fetched as per-chunk pieces in parallel. Far from the
 	// servers it may grow further, with their round trip (see farScale).
+	// All windows together hold at most raBudgetWindows times it.
 	// Default DefaultReadAheadBytes (8 MiB); negative turns read-ahead
 	// off.
 	ReadAheadBytes int64
@@ -124,6 +125,11 @@ type Client struct {
 	// buffered counts bytes in write buffers and in flight to data
 	// servers, over all inodes.
 	buffered atomic.Int64
+	// raHeld counts bytes of read-ahead windows fetched or being fetched
+	// and not given back, over all inodes; raBudget bounds it (see
+	// readahead.go), raPeak is its largest value.
+	raHeld, raPeak atomic.Int64
+	raBudget       int64
 
 	groups groupCache
 
@@ -175,12 +181,13 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	cfg.MetaAddr = strings.Join(conn.addresses(), ",")
 	c := &Client{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		conn:   conn,
-		meta:   weftv1.NewMetaClient(conn),
-		inodes: make(map[uint64]*inode),
-		groups: groupCache{entries: make(map[uint32]groupEntry)},
+		cfg:      cfg,
+		raBudget: raBudgetWindows * max(cfg.ReadAheadBytes, 0),
+		log:      cfg.Logger,
+		conn:     conn,
+		meta:     weftv1.NewMetaClient(conn),
+		inodes:   make(map[uint64]*inode),
+		groups:   groupCache{entries: make(map[uint32]groupEntry)},
 	}
 	conn.before = c.beforeCall
 	c.deleg.slots = make(chan struct{}, maxCreateManyInFlight)

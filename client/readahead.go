@@ -123,11 +123,16 @@ type raWindow struct {
 	err  error
 	buf  []byte // the pooled buffer (data, or unused after an error)
 	refs atomic.Int32
+	held *atomic.Int64 // the client's count of bytes in windows (Client.raHeld)
 }
 
 // release drops a reference to w, giving its buffer back with the last.
 func (w *raWindow) release() {
-	if w.refs.Add(-1) == 0 && w.buf != nil {
+	if w.refs.Add(-1) != 0 {
+		return
+	}
+	w.held.Add(-int64(w.n))
+	if w.buf != nil {
 		wire.PutShared(w.buf)
 		w.buf, w.data = nil, nil
 	}
@@ -211,15 +216,33 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 	target := min(size, off+n+w)
 	cs := uint64(layout.ChunkSize)
 	piece := min(w, raMaxPiece)
-	for p := start; p < target; {
+	p := start
+	for p < target {
 		idx := p / cs
 		e := min(target, (idx+1)*cs, p+piece)
 		if in.settledLocked(idx) && !in.mayReadLocallyLocked(layout, idx) {
+			if !in.c.mayFetchAhead(e - p) {
+				break // the next read goes on from here
+			}
 			in.fetchLocked(layout, st, idx, p-idx*cs, e-idx*cs)
 		}
 		p = e
 	}
-	st.end = target
+	st.end = p
+}
+
+// raBudgetWindows bounds the bytes of all read-ahead windows of a client
+// together, in windows of Config.ReadAheadBytes (256 MiB with the
+// default): windows are bounded per stream, and there may be many
+// streams, far ones with larger windows (farScale).
+const raBudgetWindows = 32
+
+// mayFetchAhead reports whether a window of n more bytes fits the
+// client's read-ahead budget. With nothing fetched, any window does, so
+// that a budget smaller than a window still lets a reader read ahead.
+func (c *Client) mayFetchAhead(n uint64) bool {
+	held := c.raHeld.Load()
+	return held == 0 || held+int64(n) <= c.raBudget
 }
 
 // dropReadAheadLocked forgets every window and the stream (after a write,
@@ -255,8 +278,11 @@ func (in *inode) maxWindowsLocked(layout *weftv1.Layout) int {
 
 // fetchLocked starts fetching the window [off, end) of chunk idx.
 func (in *inode) fetchLocked(layout *weftv1.Layout, st *raStream, idx, off, end uint64) {
-	w := &raWindow{s: st, idx: idx, off: off, n: end - off, done: make(chan struct{})}
+	w := &raWindow{s: st, idx: idx, off: off, n: end - off, done: make(chan struct{}), held: &in.c.raHeld}
 	w.refs.Store(2) // the list's and the fetch's
+	held := in.c.raHeld.Add(int64(w.n))
+	for peak := in.c.raPeak.Load(); held > peak && !in.c.raPeak.CompareAndSwap(peak, held); peak = in.c.raPeak.Load() {
+	}
 	if len(in.ra) >= in.maxWindowsLocked(layout) {
 		in.ra[0].release()
 		in.ra = in.ra[1:]

@@ -3,7 +3,9 @@ package client
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -158,5 +160,67 @@ func TestReadAheadGrowsFarFromServers(t *testing.T) {
 	t.Logf("largest window %d MiB, limit %d MiB", maxWin>>20, limit>>20)
 	if maxWin <= 4<<20 {
 		t.Errorf("largest read-ahead window %d KiB with data servers 20 ms away; want more than the configured 4 MiB", maxWin>>10)
+	}
+}
+
+// TestReadAheadBudget reads four files at once, sequentially, through
+// the servers: their windows together stay within the client's budget
+// (raBudgetWindows windows; here set lower), and the files read right.
+func TestReadAheadBudget(t *testing.T) {
+	const (
+		size   = 24 << 20
+		files  = 4
+		budget = 6 << 20
+	)
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
+	tc := startCluster(t, layout, 2)
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: 8 << 20, NoLocalReads: true})
+	c.raBudget = budget
+	rnd := rand.New(rand.NewPCG(33, 34))
+	models := make([][]byte, files)
+	for i := range models {
+		models[i] = randomBytes(rnd, size)
+		f := create(t, c, fmt.Sprintf("f%d", i), syscall.O_WRONLY)
+		if _, err := f.WriteAt(ctx, models[i], 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, files)
+	for i := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, _ := open(t, c, fmt.Sprintf("f%d", i), syscall.O_RDONLY)
+			defer g.Release(ctx)
+			buf := make([]byte, 1<<20)
+			for off := 0; off < size; off += len(buf) {
+				if _, err := g.ReadAt(ctx, buf, int64(off)); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(buf, models[i][off:off+len(buf)]) {
+					errs <- fmt.Errorf("file %d at %d: bytes differ", i, off)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	peak := c.raPeak.Load()
+	t.Logf("read-ahead windows held at most %d KiB together (budget %d KiB)", peak>>10, budget>>10)
+	if peak == 0 {
+		t.Fatal("no read-ahead at all")
+	}
+	if peak > budget+raMaxPiece {
+		t.Errorf("read-ahead windows held %d KiB together; budget %d KiB (and one piece of %d KiB)", peak>>10, budget>>10, raMaxPiece>>10)
 	}
 }
