@@ -32,6 +32,19 @@ func create(t *testing.T, c *Client, name string, flags uint32) *File {
 	return f
 }
 
+// writeFile creates name holding data and closes it.
+func writeFile(t *testing.T, c *Client, name string, data []byte) {
+	t.Helper()
+	ctx := context.Background()
+	f := create(t, c, name, syscall.O_WRONLY)
+	if _, err := f.WriteAt(ctx, data, 0); err != nil {
+		t.Fatalf("write %s: %v", name, err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatalf("close %s: %v", name, err)
+	}
+}
+
 func open(t *testing.T, c *Client, name string, flags uint32) (*File, *weftv1.Attr) {
 	t.Helper()
 	ctx := context.Background()

@@ -135,13 +135,7 @@ func TestReadAheadGrowsFarFromServers(t *testing.T) {
 	ctx := context.Background()
 	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: 4 << 20})
 	model := randomBytes(rand.New(rand.NewPCG(31, 32)), size)
-	f := create(t, c, "far", syscall.O_WRONLY)
-	if _, err := f.WriteAt(ctx, model, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	writeFile(t, c, "far", model)
 	g, _ := open(t, c, "far", syscall.O_RDONLY)
 	defer g.Release(ctx)
 	buf := make([]byte, 1<<20)
@@ -181,13 +175,7 @@ func TestReadAheadBudget(t *testing.T) {
 	models := make([][]byte, files)
 	for i := range models {
 		models[i] = randomBytes(rnd, size)
-		f := create(t, c, fmt.Sprintf("f%d", i), syscall.O_WRONLY)
-		if _, err := f.WriteAt(ctx, models[i], 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, c, fmt.Sprintf("f%d", i), models[i])
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, files)
