@@ -237,6 +237,15 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 // streams, far ones with larger windows (farScale).
 const raBudgetWindows = 32
 
+// raiseTo makes v at least x.
+func raiseTo(v *atomic.Int64, x int64) {
+	for cur := v.Load(); x > cur; cur = v.Load() {
+		if v.CompareAndSwap(cur, x) {
+			return
+		}
+	}
+}
+
 // mayFetchAhead reports whether a window of n more bytes fits the
 // client's read-ahead budget. With nothing fetched, any window does, so
 // that a budget smaller than a window still lets a reader read ahead.
@@ -280,9 +289,7 @@ func (in *inode) maxWindowsLocked(layout *weftv1.Layout) int {
 func (in *inode) fetchLocked(layout *weftv1.Layout, st *raStream, idx, off, end uint64) {
 	w := &raWindow{s: st, idx: idx, off: off, n: end - off, done: make(chan struct{}), held: &in.c.raHeld}
 	w.refs.Store(2) // the list's and the fetch's
-	held := in.c.raHeld.Add(int64(w.n))
-	for peak := in.c.raPeak.Load(); held > peak && !in.c.raPeak.CompareAndSwap(peak, held); peak = in.c.raPeak.Load() {
-	}
+	raiseTo(&in.c.raPeak, in.c.raHeld.Add(int64(w.n)))
 	if len(in.ra) >= in.maxWindowsLocked(layout) {
 		in.ra[0].release()
 		in.ra = in.ra[1:]
