@@ -190,14 +190,20 @@ func (in *inode) readAheadLocked(layout *weftv1.Layout, size, off, n uint64) {
 	if limit <= 0 {
 		return
 	}
-	if ch := in.c.chains.get(chainFor(layout, (off+n)/uint64(layout.ChunkSize))); ch != nil {
-		if far := farScale(in.c.chains.nearestRoundTrip(ch)); far > 1 {
-			limit = max(limit, min(limit*far, farMaxWindow))
+	st := in.streamLocked(off, n)
+	growth := in.raState.growth(st)
+	w := raWindowFor(st.seq, growth, limit)
+	if w*2 > uint64(limit) {
+		// The stream has reached the configured limit: only now may the
+		// data servers' round trip matter (no lookup on other reads).
+		if ch := in.c.chains.get(chainFor(layout, (off+n)/uint64(layout.ChunkSize))); ch != nil {
+			if far := farScale(in.c.chains.nearestRoundTrip(ch)); far > 1 {
+				limit = max(limit, min(limit*far, farMaxWindow))
+				in.raState.limit = max(in.raState.limit, limit)
+				w = raWindowFor(st.seq, growth, limit)
+			}
 		}
 	}
-	in.raState.limit = max(in.raState.limit, limit)
-	st := in.streamLocked(off, n)
-	w := raWindowFor(st.seq, in.raState.growth(st), limit)
 	if st.seq > n {
 		in.openAheadLocked(layout, size, off+n)
 		if w > 0 && in.c.localReads() {
