@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"hash/crc32"
+	"math"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -195,7 +196,13 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 		if groups == nil {
 			groups = make(map[*wire.Client][]*localOpening)
 		}
-		groups[w] = append(groups[w], in.startLocalOpenLocked(layout, ch, w, idx, true))
+		op := in.startLocalOpenLocked(layout, ch, w, idx, true)
+		if start := idx * uint64(layout.ChunkSize); in.local.adviseTo > start {
+			// The reader's window reaches into it: the server reads
+			// that part in while it opens the chunk.
+			op.want = span{index: idx, n: min(in.local.adviseTo-start, uint64(layout.ChunkSize))}
+		}
+		groups[w] = append(groups[w], op)
 	}
 	for w, ops := range groups {
 		go in.openAheadTogether(w, ops)
@@ -369,8 +376,9 @@ func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
 // With ahead (opened ahead of a sequential reader), the part of the
 // chunk the reader's read-ahead window already covers is prefetched
 // (prefetchLocked).
-func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify, ahead bool) chan struct{} {
+func (in *inode) openLocalLocked(layout *weftv1.Layout, ch *weftv1.Chain, w *wire.Client, idx uint64, verify, ahead bool, want span) chan struct{} {
 	op := in.startLocalOpenLocked(layout, ch, w, idx, ahead)
+	op.want = want
 	go func() {
 		ctx, cancel := context.WithTimeout(in.c.bg, localOpenTimeout)
 		defer cancel()
@@ -390,12 +398,14 @@ type localOpening struct {
 	gen      uint64 // localState.gen when it started
 	fileSize uint64 // the file's length as the client knew it then
 	ahead    bool
+	want     span          // the part of the chunk the reader reads first, if known
 	done     chan struct{} // in localState.pending while under way
 }
 
 // request is the open's request for a chunk of file ino.
 func (op *localOpening) request(ino uint64) *weftv1.ReadChunkRequest {
-	return &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Ino: ino, Index: op.idx}, ChainId: op.chain, ChainVersion: op.ch.Version}
+	return &weftv1.ReadChunkRequest{Chunk: &weftv1.ChunkID{Ino: ino, Index: op.idx}, ChainId: op.chain, ChainVersion: op.ch.Version,
+		Offset: op.want.off, Length: uint32(min(op.want.n, math.MaxUint32))}
 }
 
 // startLocalOpenLocked records an open of chunk idx from w's server (a
@@ -482,8 +492,10 @@ const localOpenTimeout = 5 * time.Second
 
 // localChunkFor returns chunk idx open in place, with a reference for
 // the caller; nil if it cannot be read in place. With verify it is
-// opened anew, the server checking all of it first.
-func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx uint64, verify bool) *localChunk {
+// opened anew, the server checking all of it first. want is the span
+// the caller reads: a chunk opened for it has the server read it in
+// meanwhile.
+func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx uint64, verify bool, want span) *localChunk {
 	c := in.c
 	chain := chainFor(layout, idx)
 	for range 3 {
@@ -517,7 +529,7 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 				in.mu.Unlock()
 				return nil
 			}
-			done = in.openLocalLocked(layout, ch, w, idx, verify, false)
+			done = in.openLocalLocked(layout, ch, w, idx, verify, false, want)
 			if !verify {
 				in.openAroundLocked(layout, idx)
 			}
@@ -543,7 +555,7 @@ func (in *inode) localRead(ctx context.Context, layout *weftv1.Layout, s span, p
 		return nil, nil, false
 	}
 	for attempt := range 2 {
-		lc := in.localChunkFor(ctx, layout, s.index, attempt > 0)
+		lc := in.localChunkFor(ctx, layout, s.index, attempt > 0, s)
 		if lc == nil {
 			break
 		}

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"syscall"
@@ -137,6 +138,69 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 			t.Logf("%s: %.2f of the file in the page cache after reading %.2f of it", tt.name, s, float64(tt.run)/float64(tt.run+tt.gap))
 			if s > tt.atMost || s < tt.atLeast {
 				t.Errorf("%.2f of the file is in the page cache, want %.2f to %.2f", s, tt.atLeast, tt.atMost)
+			}
+		})
+	}
+}
+
+// A reader's first read of a cold chunk in place has the data server read
+// the span it asked for from the disk while it opens the chunk and reads
+// its checksums; a small random read does not.
+func TestReadInPlaceOpenReadsInTheFirstSpan(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 1, Replicas: 1}
+	tc := startCluster(t, layout, 1)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(tc.dataDirs[0], &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type == unix.TMPFS_MAGIC {
+		t.Skip("the data server's directory is on a tmpfs: nothing to read in")
+	}
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{})
+	data := make([]byte, chunk)
+	for i := range data {
+		data[i] = byte(i>>12 + i)
+	}
+	for _, tt := range []struct {
+		name   string
+		off, n int
+		readIn bool
+	}{
+		{"the whole file", 0, chunk, true},
+		{"8 KiB", 512 << 10, 8 << 10, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := create(t, c, tt.name, syscall.O_RDWR)
+			if _, err := f.WriteAt(ctx, data, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			files := []string{tc.chunkPath(tc.members(chainFor(f.in.layout, 0))[0], f.Ino(), 0)}
+			dropCached(t, files)
+			if s := cachedShare(t, files); s > 0.1 {
+				t.Skipf("%.2f of the chunk file stays cached after FADV_DONTNEED", s)
+			}
+			srv := tc.DataServer(0)
+			before := srv.ReadIns()
+			g, _ := open(t, c, tt.name, syscall.O_RDONLY)
+			defer g.Release(ctx)
+			buf := make([]byte, tt.n)
+			if _, err := g.ReadAt(ctx, buf, int64(tt.off)); err != nil {
+				t.Fatal(err)
+			}
+			if c.LocalReadBytes() == 0 {
+				t.Fatal("nothing was read in place")
+			}
+			if !bytes.Equal(buf, data[tt.off:tt.off+tt.n]) {
+				t.Fatal("read other bytes than written")
+			}
+			time.Sleep(50 * time.Millisecond) // a read in the background ends
+			if got := srv.ReadIns() > before; got != tt.readIn {
+				t.Errorf("the server read the span in: %v, want %v", got, tt.readIn)
 			}
 		})
 	}

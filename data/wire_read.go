@@ -50,7 +50,8 @@ var (
 
 // OpenChunkRead opens a chunk for a client on this host to read in place
 // (see wire.LocalChunk), after the checks of a read: this server serves
-// the chain at the request's version.
+// the chain at the request's version. The request's range, if any, is
+// what the client reads first: it is read in from the disk meanwhile.
 func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, verify bool) (*wire.LocalChunk, error) {
 	m, err := s.member(req.GetChainId(), req.GetChainVersion(), 0, roleRead)
 	if err != nil {
@@ -63,12 +64,23 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 	s.mu.RLock()
 	lease := s.leaseLocked()
 	s.mu.RUnlock()
-	f, length, version, sums, err := m.target.OpenForRead(id, verify)
+	lo := int64(req.GetOffset())
+	f, length, version, sums, err := m.target.OpenForRead(id, verify, lo, lo+int64(req.GetLength()))
 	if err != nil {
 		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
 	return &wire.LocalChunk{File: f, Length: length, Version: version, Sums: sums, Lease: lease}, nil
+}
+
+// ReadIns counts the cold ranges the server's targets read into the
+// page cache ahead of readers (chunk.Target.ReadIns).
+func (s *Server) ReadIns() int64 {
+	var n int64
+	for _, t := range s.store.Targets() {
+		n += t.ReadIns()
+	}
+	return n
 }
 
 // ReadLease is how long chunks opened in place may be read from now: until

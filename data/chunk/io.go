@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/weft-fs/weft/internal/pagecache"
 )
 
@@ -476,16 +478,50 @@ func (t *Target) readInCold(f *chunkFile, lo, hi int64) {
 	}
 }
 
+// readInBackground reads bytes [lo, hi) of the data file open as fd,
+// widened to whole blocks (what a reader in place reads and checks) and
+// cut at size, into the page cache in large folios if they are cold,
+// without waiting, when they are minReadIn or more or the whole chunk
+// (a small random read is left to the kernel, as in Read): a chunk opened for a reader's first read otherwise
+// goes to the disk twice in turn, for its checksums and then, once the
+// client has the descriptor, for the data (one cold 1 MiB file: about
+// 0.3 ms apart). The read works on a descriptor of its own, as the
+// server closes fd once it is handed out.
+func (t *Target) readInBackground(fd int, lo, hi, size int64) {
+	lo = max(lo, 0) / BlockSize * BlockSize
+	hi = min((hi+BlockSize-1)/BlockSize*BlockSize, size)
+	whole := lo == 0 && hi == size
+	if t.inMemory || readInOff.Load() || lo >= hi || (hi-lo < minReadIn && !whole) {
+		return
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	go func() {
+		defer unix.Close(dup)
+		read, err := pagecache.PopulateIfCold(dup, lo, hi)
+		if errors.Is(err, pagecache.ErrNoPopulate) {
+			readInOff.Store(true)
+		}
+		if read {
+			t.readIns.Add(1)
+		}
+	}()
+}
+
 // OpenForRead opens chunk id for a client on this host to read in place:
 // its data file (read-only; nil if the chunk does not exist), length,
 // version and block checksums, read together under the chunk's read lock
 // so they describe one version. With verify every block is read and
 // checked first: a bad copy fails with a *CorruptionError, as a read of
-// it would.
-func (t *Target) OpenForRead(id ID, verify bool) (file *os.File, length int64, version uint64, sums []uint32, err error) {
+// it would. Bytes [wantLo, wantHi) of the chunk, those the client reads
+// first (none if empty), are read into the page cache in the background
+// while the checksums are read, so the disk has both requests at once.
+func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (file *os.File, length int64, version uint64, sums []uint32, err error) {
 	defer t.chunkLocks.lock(id, false)()
 	if !verify {
-		if file, length, version, sums, ok := t.openForReadDirect(id); ok {
+		if file, length, version, sums, ok := t.openForReadDirect(id, wantLo, wantHi); ok {
 			return file, length, version, sums, nil
 		}
 	}
@@ -549,8 +585,9 @@ var sumsBufPool = sync.Pool{New: func() any { return new([headerSize + crcBytes*
 // but a chunk whose header is good and whose data file has the length it
 // says (missing, legacy, damaged, cut short or with an unfinished tail,
 // or any error): the cached way handles, repairs and reports those.
+// Bytes [wantLo, wantHi) are read in meanwhile (readInBackground).
 // Called with the chunk's read lock held.
-func (t *Target) openForReadDirect(id ID) (file *os.File, length int64, version uint64, sums []uint32, ok bool) {
+func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (file *os.File, length int64, version uint64, sums []uint32, ok bool) {
 	path := t.chunkPath(id)
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
@@ -566,6 +603,7 @@ func (t *Target) openForReadDirect(id ID) (file *os.File, length int64, version 
 	if syscall.Fstat(fd, &st) != nil || markHandedOut(fd, st.Mode) != nil {
 		return nil, 0, 0, nil, false
 	}
+	t.readInBackground(fd, wantLo, wantHi, st.Size)
 	cfd, err := syscall.Open(path+".crc", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, 0, 0, nil, false

@@ -92,7 +92,7 @@ func TestOpenForRead(t *testing.T) {
 				if cached {
 					tg.Read(id, 0, 1) // puts the chunk in the file cache (an error is the test's below)
 				}
-				f, length, version, sums, err := tg.OpenForRead(id, false)
+				f, length, version, sums, err := tg.OpenForRead(id, false, 0, 0)
 				if f != nil {
 					defer f.Close()
 				}

@@ -96,7 +96,7 @@ func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	if _, err := tg.Write(a, 1, 0, secret, MaxChunkSize, true); err != nil {
 		t.Fatal(err)
 	}
-	f, _, _, _, err := tg.OpenForRead(a, false)
+	f, _, _, _, err := tg.OpenForRead(a, false, 0, 0)
 	if err != nil || f == nil {
 		t.Fatalf("open for reading in place: %v, %v", f, err)
 	}
@@ -113,7 +113,7 @@ func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	if _, err := tg.Write(v, 1, 0, secret, MaxChunkSize, true); err != nil {
 		t.Fatal(err)
 	}
-	vf, _, _, _, err := tg.OpenForRead(v, true)
+	vf, _, _, _, err := tg.OpenForRead(v, true, 0, 0)
 	if err != nil || vf == nil {
 		t.Fatalf("open for reading in place, verified: %v, %v", vf, err)
 	}

@@ -218,6 +218,11 @@ func (t *Target) scan(root string) error {
 	})
 }
 
+// ReadIns counts the cold ranges this target read into the page cache
+// ahead of a reader in large folios (before a read through the server,
+// or while opening a chunk for a reader in place).
+func (t *Target) ReadIns() int64 { return t.readIns.Load() }
+
 // Dir returns the target's directory.
 func (t *Target) Dir() string { return t.dir }
 
