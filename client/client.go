@@ -111,6 +111,8 @@ type Client struct {
 	sessionMu sync.Mutex
 	session   string
 	lease     time.Duration
+	epoch     string    // the meta service's incarnation, "" if it needs no replay (replay.go)
+	opens     openTable // files open with the meta service (replay.go)
 
 	chains chainTable
 	// localBytes counts bytes read in place, localOpen the chunks open
@@ -192,7 +194,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	conn.before = c.beforeCall
 	c.deleg.slots = make(chan struct{}, maxCreateManyInFlight)
 	c.chains.init(c)
-	if err := c.openSession(ctx); err != nil {
+	if err := c.openSession(ctx, false); err != nil {
 		conn.close()
 		return nil, err
 	}
@@ -225,13 +227,23 @@ func (c *Client) Session() string {
 	return c.session
 }
 
-func (c *Client) openSession(ctx context.Context) error {
+// openSession opens a session with the meta service. With replay, the
+// files the client has open are recorded as open in it when the meta
+// service replays opens (replay.go), and released in it from then on.
+func (c *Client) openSession(ctx context.Context, replay bool) error {
 	host, _ := os.Hostname()
 	ctx, cancel := context.WithTimeout(ctx, min(sessionCallTimeout, c.cfg.UnavailableTimeout))
 	defer cancel()
-	resp, err := c.meta.OpenSession(ctx, &weftv1.OpenSessionRequest{
-		Host: host, MountPoint: c.cfg.MountPoint, Version: c.cfg.Version,
-	})
+	req := &weftv1.OpenSessionRequest{Host: host, MountPoint: c.cfg.MountPoint, Version: c.cfg.Version}
+	c.sessionMu.Lock()
+	old, replay := c.session, replay && c.epoch != ""
+	c.sessionMu.Unlock()
+	if replay {
+		c.opens.replayMu.Lock()
+		defer c.opens.replayMu.Unlock()
+		req.Reopen = c.opens.snapshot()
+	}
+	resp, err := c.meta.OpenSession(ctx, req)
 	if err != nil {
 		return fmt.Errorf("open a session with the meta service at %s (is `weft meta` running and reachable?): %w",
 			c.cfg.MetaAddr, err)
@@ -240,8 +252,11 @@ func (c *Client) openSession(ctx context.Context) error {
 	if lease <= 0 {
 		lease = 30 * time.Second
 	}
+	if replay {
+		c.opens.noteMoved(old, resp.Session)
+	}
 	c.sessionMu.Lock()
-	c.session, c.lease = resp.Session, lease
+	c.session, c.lease, c.epoch = resp.Session, lease, resp.Epoch
 	c.conn.learn(resp.MetaAddresses)
 	c.sessionMu.Unlock()
 	c.conn.learnWire(resp.WireAddress)
@@ -256,7 +271,7 @@ func (c *Client) renewLoop() {
 	for {
 		c.sessionMu.Lock()
 		every := c.lease / 3
-		sess := c.session
+		sess, epoch := c.session, c.epoch
 		c.sessionMu.Unlock()
 		select {
 		case <-c.bg.Done():
@@ -269,13 +284,16 @@ func (c *Client) renewLoop() {
 		c.conn.learn(resp.GetMetaAddresses())
 		if err == nil {
 			c.conn.learnWire(resp.WireAddress)
+			if resp.Epoch != epoch {
+				c.noteEpoch(sess, epoch, resp.Epoch, every)
+			}
 		}
 		if err == nil || c.bg.Err() != nil {
 			continue
 		}
 		c.log.Warn("renewing the session with the meta service failed; opening a new one",
 			"meta", c.cfg.MetaAddr, "session", sess, "err", err)
-		if err := c.openSession(c.bg); err != nil && c.bg.Err() == nil {
+		if err := c.openSession(c.bg, true); err != nil && c.bg.Err() == nil {
 			c.log.Error("cannot open a new session with the meta service; will retry",
 				"meta", c.cfg.MetaAddr, "err", err)
 		}

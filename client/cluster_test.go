@@ -31,6 +31,8 @@ type clusterOpts struct {
 	// latency puts a delay line (internal/faultproxy) with this latency
 	// each way in front of every data server instead: they are far away.
 	latency time.Duration
+	// sessionLease and openGrace configure the meta service.
+	sessionLease, openGrace time.Duration
 }
 
 // startCluster runs a meta service and nData data servers in-process over
@@ -45,7 +47,8 @@ func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clusterOpts) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, proxies: make([]*countingProxy, nData)}
-	o := testservers.Options{DataServers: nData, Layout: layout, FailureTimeout: opts.failureTimeout}
+	o := testservers.Options{DataServers: nData, Layout: layout, FailureTimeout: opts.failureTimeout,
+		SessionLease: opts.sessionLease, OpenGrace: opts.openGrace}
 	if testing.Verbose() {
 		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}

@@ -45,6 +45,8 @@ func (f *File) Flags() uint32 { return f.flags }
 // fresh from the meta service (close-to-open), with this client's
 // buffered size applied.
 func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, flags uint32) (*File, *weftv1.Attr, error) {
+	c.opens.replayMu.RLock() // until the file is counted (replay.go)
+	defer c.opens.replayMu.RUnlock()
 	sess := c.Session()
 	c.countMeta()
 	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags, Session: sess})
@@ -61,6 +63,8 @@ func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint6
 	if f, attr, ok := c.createLocal(caller, parent, name, mode, flags); ok {
 		return f, attr, nil
 	}
+	c.opens.replayMu.RLock() // until the file is counted (replay.go)
+	defer c.opens.replayMu.RUnlock()
 	sess := c.Session()
 	c.countMeta()
 	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
@@ -80,6 +84,7 @@ func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint6
 
 func (c *Client) newFile(attr *weftv1.Attr, flags uint32, sess string, caller *weftv1.Caller) *File {
 	f := &File{c: c, ino: attr.Ino, flags: flags, session: sess, caller: caller}
+	c.opens.add(attr.Ino)
 	if attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		f.in = c.acquire(attr)
 	}
@@ -261,10 +266,11 @@ func (f *File) Fsync(ctx context.Context) error {
 // Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
 	return f.release(ctx, func() error {
+		sess := f.c.opens.remove(f.ino, f.session)
 		if f.c.dropUnregistered(f) {
 			return nil // the meta service has no open record of it
 		}
-		return f.c.releaseLater(ctx, f.ino, f.session)
+		return f.c.releaseLater(ctx, f.ino, sess)
 	})
 }
 
@@ -272,10 +278,11 @@ func (f *File) Release(ctx context.Context) error {
 // returns.
 func (f *File) ReleaseNow(ctx context.Context) error {
 	return f.release(ctx, func() error {
+		sess := f.c.opens.remove(f.ino, f.session)
 		if f.c.dropUnregistered(f) {
 			return nil
 		}
-		return f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: f.session})
+		return f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: sess})
 	})
 }
 

@@ -70,8 +70,11 @@ func (c *Client) releaseLater(ctx context.Context, ino uint64, session string) e
 	return nil
 }
 
-// sendRelease sends one release with the meta service.
+// sendRelease sends one release with the meta service. No replay runs
+// meanwhile (replay.go).
 func (c *Client) sendRelease(ctx context.Context, req *weftv1.ReleaseRequest) error {
+	c.opens.replayMu.RLock()
+	defer c.opens.replayMu.RUnlock()
 	c.countMeta()
 	if _, err := c.meta.Release(ctx, req); err != nil {
 		if len(req.MoreInos) > 0 {

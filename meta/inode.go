@@ -16,6 +16,9 @@ import (
 type tx struct {
 	t   kv.Txn
 	now int64 // ns since the epoch
+	// grace: opens lost in a crash may still be replayed (replay.go), so
+	// a file nobody is known to have open is kept as an orphan.
+	grace bool
 }
 
 // inode reads inode ino; ENOENT if it does not exist.
@@ -200,7 +203,7 @@ func (x *tx) dropLink(a *weftv1.Attr) error {
 	if err != nil {
 		return err
 	}
-	if open {
+	if open || x.grace {
 		if err := x.t.Set(orphanKey(a.Ino), nil); err != nil {
 			return err
 		}

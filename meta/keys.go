@@ -34,7 +34,8 @@ import (
 //	                                   expiry in ns)
 //	n/o/<ino>/<session id>             open count of ino in session (be64)       open, create, release
 //	n/so/<session id>/<ino>            empty: index of a session's opens         open, create, release
-//	n/or/<ino>                         empty: orphan (nlink 0, still open)       unlink/rename of an open file
+//	n/or/<ino>                         empty: orphan (nlink 0, still open, or    unlink/rename of an open file
+//	                                   unlinked in the grace period)             (or any in the grace period)
 //	n/gc/<ino>                         layout (weftv1.Layout) of a deleted file  last unlink or last release
 //	                                   whose chunks the GC loop must delete
 //	n/lk/<ino>/<kind>/<session>/       lock record: end be64, type byte (0 read,  setlock, session end
@@ -47,6 +48,8 @@ import (
 //	n/lg                               layout generation (be64): bumped by every  setlayout on a directory, rename
 //	                                   change that may alter the effective       of a directory to another parent,
 //	                                   layout of directories (layoutcache.go)    fsck moving a directory
+//	n/stop                             empty: the service stopped cleanly with   Close (lazy opens), removed at
+//	                                   every open record synced (replay.go)      the next start
 //	n/cbw                              id of the meta server of the last write   every update (etcd engine)
 //	                                   (lets callbacks skip a server's own
 //	                                   changes; nobody reads it)
@@ -61,6 +64,7 @@ var (
 	keyCountFiles = []byte("n/cnt/files")
 	keyCountDirs  = []byte("n/cnt/dirs")
 	keyLayoutGen  = []byte("n/lg")
+	keyCleanStop  = []byte("n/stop")
 
 	prefixInode   = []byte("n/i/")
 	prefixSymlink = []byte("n/l/")

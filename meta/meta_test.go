@@ -90,6 +90,7 @@ type env struct {
 	ctx   context.Context
 	dir   string
 	lease time.Duration
+	grace time.Duration // Config.OpenGrace
 	data  *chunkServer
 	s     *Service
 }
@@ -110,6 +111,7 @@ func (e *env) open() {
 	s, err := Open(e.ctx, Config{
 		Dir:          e.dir,
 		SessionLease: e.lease,
+		OpenGrace:    e.grace,
 		Cluster:      cluster.Config{Logger: quietLogger()},
 		Logger:       quietLogger(),
 	})

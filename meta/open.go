@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -33,12 +34,17 @@ func checkOpen(c caller, a *weftv1.Attr, flags uint32, op string) error {
 
 // Open checks that the caller may open the inode with the request's flags
 // and records the open for the session, so that unlinking the file keeps
-// its data until the last Release. The file is not truncated here: the
+// its data until the last Release. The record is committed lazily when
+// the engine allows it: a crash may lose it, and the client replays it
+// (replay.go). The file is not truncated here: the
 // client sends SetAttr with size 0 for O_TRUNC.
 func (s *Service) Open(ctx context.Context, req *weftv1.OpenRequest) (*weftv1.AttrResponse, error) {
 	c := callerOf(req.Caller)
 	op := fmt.Sprintf("open inode %d", req.Ino)
 	var a *weftv1.Attr
+	if s.epoch != "" {
+		ctx = kv.Lazy(ctx) // clients replay what a crash loses (replay.go)
+	}
 	err := s.update(ctx, func(x *tx) error {
 		var err error
 		if a, err = x.inode(req.Ino, op); err != nil {
@@ -131,8 +137,8 @@ func (x *tx) dropOpen(session string, ino uint64) error {
 		return err
 	}
 	_, orphan, err := x.t.Get(orphanKey(ino))
-	if err != nil || !orphan {
-		return err
+	if err != nil || !orphan || x.grace {
+		return err // in the grace period the sweep deletes it (replay.go)
 	}
 	open, err := x.isOpen(ino)
 	if err != nil || open {

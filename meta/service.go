@@ -58,6 +58,12 @@ type Config struct {
 	// SessionLease is how long a session lives without renewal; default
 	// 30s. An expired session's opens are dropped.
 	SessionLease time.Duration
+	// OpenGrace is how long after start-up a file that loses its last
+	// name or open is kept, when no session is known to have it open,
+	// so that clients can replay the opens a crash lost (replay.go);
+	// default one and a half leases. Negative: opens are synced as every
+	// other change, and nothing waits.
+	OpenGrace time.Duration
 	// Logger receives the service's log; default slog.Default().
 	Logger *slog.Logger
 	// HA, with the etcd engine, makes this one of several meta servers:
@@ -130,6 +136,12 @@ type Service struct {
 	wireMu     sync.Mutex
 	wireAddr   string
 
+	// Lazy opens (replay.go): epoch names this incarnation when opens
+	// are committed lazily ("" when they are synced); until graceUntil
+	// (ns since the epoch) files nobody is known to have open are kept.
+	epoch      string
+	graceUntil int64
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -175,7 +187,10 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := newService(eng, mgr, cfg)
 	s.ha = newHA(cfg.HA, mgr, cfg.Logger)
-	err = s.initialize(ctx)
+	fresh, err := s.initialize(ctx)
+	if err == nil {
+		err = s.startGrace(ctx, fresh)
+	}
 	if err == nil {
 		// Chains of the default width are made now (or when enough
 		// targets have registered).
@@ -205,14 +220,15 @@ func newService(eng kv.Engine, cm clusterManager, cfg Config) *Service {
 
 // initialize creates the root inode, the inode counter and the cluster id
 // on first start, in one transaction; later starts find them and change
-// nothing.
-func (s *Service) initialize(ctx context.Context) error {
+// nothing. fresh reports a first start.
+func (s *Service) initialize(ctx context.Context) (fresh bool, err error) {
 	now := s.now().UnixNano()
-	err := s.eng.Update(ctx, func(t kv.Txn) error {
+	err = s.eng.Update(ctx, func(t kv.Txn) error {
 		id, ok, err := t.Get(keyClusterID)
 		if err != nil {
 			return err
 		}
+		fresh = !ok
 		if ok {
 			s.clusterID = string(id)
 			return nil
@@ -243,9 +259,9 @@ func (s *Service) initialize(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("initialize metadata: %w", err)
+		return false, fmt.Errorf("initialize metadata: %w", err)
 	}
-	return nil
+	return fresh, nil
 }
 
 // ClusterID is the cluster's identity, made on first start.
@@ -276,7 +292,7 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener) error {
 	var wg sync.WaitGroup
 	pollLiveness := func(ctx context.Context) { s.ha.pollLiveness(ctx, s.cfg.Cluster.HeartbeatInterval) }
 	for _, loop := range []func(context.Context){s.cluster.Run, s.gcLoop, s.sessionLoop, s.callbackLoop,
-		s.ha.run, pollLiveness, s.requestSweepLoop} {
+		s.ha.run, pollLiveness, s.requestSweepLoop, s.graceLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -337,6 +353,7 @@ func stopGracefully(srv grpcStopper, limit time.Duration) {
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		err1 := s.cluster.Close()
+		s.noteCleanStop()
 		err2 := s.eng.Close()
 		s.closeErr = errors.Join(err1, err2)
 	})
@@ -352,7 +369,7 @@ func (s *Service) update(ctx context.Context, fn func(x *tx) error) error {
 		if err := checkRequest(t, reqID); err != nil {
 			return err
 		}
-		return s.recordUpdate(rec, t, func(t kv.Txn) error { return fn(&tx{t: t, now: now}) })
+		return s.recordUpdate(rec, t, func(t kv.Txn) error { return fn(&tx{t: t, now: now, grace: now < s.graceUntil}) })
 	}
 	var err error
 	if g := updateGroupOf(ctx); g != nil {

@@ -106,19 +106,27 @@ func (s *Service) OpenSession(ctx context.Context, req *weftv1.OpenSessionReques
 	}
 	id := hex.EncodeToString(b[:])
 	err := s.update(ctx, func(x *tx) error {
-		return x.putSession(id, &sessionRecord{
+		err := x.putSession(id, &sessionRecord{
 			Host: req.Host, MountPoint: req.MountPoint, Version: req.Version,
 			ExpiresNs: x.now + s.cfg.SessionLease.Nanoseconds(),
 		})
+		if err != nil {
+			return err
+		}
+		return x.reopen(id, req.Reopen)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open session for %s:%s: %w", req.Host, req.MountPoint, err)
 	}
 	s.log.Info("session opened", "session", id, "host", req.Host, "mount", req.MountPoint)
-	return &weftv1.OpenSessionResponse{Session: id, LeaseMs: s.cfg.SessionLease.Milliseconds(), WireAddress: s.wireAddress()}, nil
+	if len(req.Reopen) > 0 {
+		s.log.Info("files of an earlier session recorded as open in the new one", "session", id, "files", len(req.Reopen))
+	}
+	return &weftv1.OpenSessionResponse{Session: id, LeaseMs: s.cfg.SessionLease.Milliseconds(), WireAddress: s.wireAddress(), Epoch: s.epoch}, nil
 }
 
-// RenewSession extends a session's lease; ESTALE if it already expired.
+// RenewSession extends a session's lease, and records again the opens the
+// client replays (replay.go); ESTALE if it already expired.
 func (s *Service) RenewSession(ctx context.Context, req *weftv1.RenewSessionRequest) (*weftv1.RenewSessionResponse, error) {
 	err := s.update(ctx, func(x *tx) error {
 		rec, err := x.session(req.Session, "renew session")
@@ -126,12 +134,18 @@ func (s *Service) RenewSession(ctx context.Context, req *weftv1.RenewSessionRequ
 			return err
 		}
 		rec.ExpiresNs = x.now + s.cfg.SessionLease.Nanoseconds()
-		return x.putSession(req.Session, rec)
+		if err := x.putSession(req.Session, rec); err != nil {
+			return err
+		}
+		return x.reopen(req.Session, req.Reopen)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.RenewSessionResponse{WireAddress: s.wireAddress()}, nil
+	if len(req.Reopen) > 0 {
+		s.log.Info("client replayed its open files", "session", req.Session, "files", len(req.Reopen))
+	}
+	return &weftv1.RenewSessionResponse{WireAddress: s.wireAddress(), Epoch: s.epoch}, nil
 }
 
 // CloseSession ends a session: its opens are dropped (deleting orphans

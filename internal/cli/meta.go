@@ -26,6 +26,7 @@ type metaFlags struct {
 	failureTimeout    time.Duration
 	repairDelay       time.Duration
 	sessionLease      time.Duration
+	openGrace         time.Duration
 	chunkSize         string
 	stripeCount       uint32
 	replicas          uint32
@@ -69,6 +70,8 @@ Give data servers and clients every meta address (--meta a,b,c).`,
 	fl.DurationVar(&f.failureTimeout, "failure-timeout", 5*time.Second, "a data server without heartbeat for this long is offline")
 	fl.DurationVar(&f.repairDelay, "repair-delay", 10*time.Minute, "a replica offline for this long is replaced by another target and re-replicated")
 	fl.DurationVar(&f.sessionLease, "session-lease", 30*time.Second, "a client session not renewed for this long expires")
+	fl.DurationVar(&f.openGrace, "open-grace", 0, "after a crash, how long unlinked files are kept until clients have replayed their opens "+
+		"(0: one and a half session leases; negative: every open is synced and nothing waits)")
 	fl.StringVar(&f.chunkSize, "chunk-size", "1MiB", "chunk size of the cluster's default layout (power of two, 64KiB..64MiB)")
 	fl.Uint32Var(&f.stripeCount, "stripe-count", 4, "stripe count of the cluster's default layout (chains per file, at least 1)")
 	fl.Uint32Var(&f.replicas, "replicas", 1, fmt.Sprintf("copies of every chunk in the cluster's default layout (1..%d)", maxReplicas))
@@ -156,6 +159,7 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 			Logger:            log,
 		},
 		SessionLease:  f.sessionLease,
+		OpenGrace:     f.openGrace,
 		Logger:        log,
 		HA:            ha,
 		WireListen:    f.wireListen,

@@ -44,6 +44,10 @@ type Options struct {
 	// data.Config); zero keeps their defaults.
 	SyncBandwidth int64
 	ScrubRate     int64
+	// SessionLease and OpenGrace configure the meta service (see
+	// meta.Config); zero keeps its defaults.
+	SessionLease time.Duration
+	OpenGrace    time.Duration
 	// Logger receives every server's log; default: discarded.
 	Logger *slog.Logger
 	// NoChainWait makes Start return without waiting for the chain table
@@ -116,6 +120,7 @@ func Start(t testing.TB, opts Options) *Servers {
 	}
 	s.metaCfg = meta.Config{
 		Dir: filepath.Join(s.dir, "meta"), DefaultLayout: layout, Logger: opts.Logger,
+		SessionLease: opts.SessionLease, OpenGrace: opts.OpenGrace,
 		Cluster: cluster.Config{HeartbeatInterval: opts.HeartbeatInterval, FailureTimeout: opts.FailureTimeout,
 			RepairDelay: opts.RepairDelay, Logger: opts.Logger},
 	}

@@ -87,6 +87,28 @@ type GroupUpdater interface {
 	UpdateAll(ctxs []context.Context, fns []func(Txn) error) []error
 }
 
+// lazyKey marks a context whose transaction may commit lazily (Lazy).
+type lazyKey struct{}
+
+// Lazy marks ctx so that Update may return once the transaction's writes
+// are committed and visible, before they are synced: they become durable
+// with the next synced commit, and a crash before it may lose them (never
+// a part of them, and never a later synced transaction without them).
+// Engines without lazy commits (LazyCommitter) sync as always. For
+// records that can be restored after a crash, such as the opens clients
+// replay.
+func Lazy(ctx context.Context) context.Context { return context.WithValue(ctx, lazyKey{}, true) }
+
+// IsLazy reports whether ctx was marked with Lazy.
+func IsLazy(ctx context.Context) bool { v, _ := ctx.Value(lazyKey{}).(bool); return v }
+
+// LazyCommitter is implemented by engines that honour Lazy: what they
+// acknowledged may be lost by a crash.
+type LazyCommitter interface {
+	// LazyCommits reports whether Lazy transactions commit unsynced.
+	LazyCommits() bool
+}
+
 // ErrReadOnly is returned by Set and Delete inside View.
 var ErrReadOnly = errors.New("kv: write in a read-only transaction")
 

@@ -63,11 +63,13 @@ func (e *Engine) commitLoop() {
 // writes of those before it, and commits what the successful ones wrote
 // as one batch with one sync. A transaction whose function fails leaves
 // nothing behind. Every request of the group gets its outcome only after
-// the sync.
+// the sync. A group whose writers are all lazy (kv.Lazy) commits without
+// a sync; its writes become durable with the next group that syncs.
 func (e *Engine) commitGroup(group []*request) {
 	results := make([]error, len(group))
 	gw := newGroupWrites()
 	var wrote []int // the transactions that wrote something
+	sync := false   // one of them is not lazy
 	for i, r := range group {
 		if gw.bytes > maxGroupBytes && len(wrote) > 0 {
 			// Too big already: commit what we have, requeue the rest.
@@ -86,10 +88,11 @@ func (e *Engine) commitGroup(group []*request) {
 		}
 		if gw.keep() {
 			wrote = append(wrote, i)
+			sync = sync || !kv.IsLazy(r.ctx)
 		}
 	}
 	if len(gw.group) > 0 {
-		if err := e.commitWrites(gw); err != nil {
+		if err := e.commitWrites(gw, sync); err != nil {
 			for _, i := range wrote {
 				results[i] = err
 			}
@@ -107,8 +110,9 @@ func (e *Engine) commitGroup(group []*request) {
 	}
 }
 
-// commitWrites writes a group's final key states in one batch and syncs.
-func (e *Engine) commitWrites(gw *groupWrites) error {
+// commitWrites writes a group's final key states in one batch, synced if
+// sync.
+func (e *Engine) commitWrites(gw *groupWrites, sync bool) error {
 	b := e.db.NewBatch()
 	defer b.Close()
 	for k, w := range gw.group {
@@ -122,7 +126,12 @@ func (e *Engine) commitWrites(gw *groupWrites) error {
 			return fmt.Errorf("commit metadata transaction: %w", err)
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	opt := pebble.Sync
+	if !sync {
+		opt = pebble.NoSync
+		e.lazyGroups.Add(1)
+	}
+	if err := b.Commit(opt); err != nil {
 		return fmt.Errorf("commit metadata transaction: %w", err)
 	}
 	return nil

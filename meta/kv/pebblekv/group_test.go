@@ -280,3 +280,64 @@ func TestGroupDurability(t *testing.T) {
 		})
 	}
 }
+
+// A lazy transaction (kv.Lazy) commits without a sync: a crash right
+// after it loses it, and a synced transaction after it makes it durable
+// too.
+func TestLazyUpdates(t *testing.T) {
+	tests := []struct {
+		name      string
+		thenSync  bool // a plain Update follows the lazy one
+		wantLazy  bool // the lazy write survives the crash
+		wantLazyN uint64
+	}{
+		{"lazy alone", false, false, 1},
+		{"lazy, then synced", true, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := vfs.NewCrashableMem()
+			e := openTest(t, fs)
+			ctx := context.Background()
+			if err := e.Update(ctx, func(tx kv.Txn) error { return tx.Set([]byte("before"), []byte("1")) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Update(kv.Lazy(ctx), func(tx kv.Txn) error { return tx.Set([]byte("lazy"), []byte("1")) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.View(ctx, func(tx kv.Txn) error {
+				if _, ok, err := tx.Get([]byte("lazy")); err != nil || !ok {
+					return fmt.Errorf("a lazy write is not visible once Update returned: %v %v", ok, err)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if tt.thenSync {
+				if err := e.Update(ctx, func(tx kv.Txn) error { return tx.Set([]byte("after"), []byte("1")) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := e.lazyGroups.Load(); got != tt.wantLazyN {
+				t.Errorf("%d groups committed lazily, want %d", got, tt.wantLazyN)
+			}
+			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+			e.Close()
+			e2, err := open("db", crashed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e2.Close()
+			if err := e2.View(ctx, func(tx kv.Txn) error {
+				for k, want := range map[string]bool{"before": true, "lazy": tt.wantLazy, "after": tt.thenSync} {
+					if _, ok, err := tx.Get([]byte(k)); err != nil || ok != want {
+						t.Errorf("after the crash %q is there: %v, want %v (%v)", k, ok, want, err)
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

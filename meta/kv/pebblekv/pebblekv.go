@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -44,8 +45,15 @@ type Engine struct {
 
 	cache *valueCache // committed states the committer knows (cache.go)
 
-	groups, txns uint64 // counted by the committer, for tests
+	groups, txns uint64        // counted by the committer, for tests
+	lazyGroups   atomic.Uint64 // groups committed without a sync (kv.Lazy)
 }
+
+// LazyCommits reports that transactions marked kv.Lazy commit unsynced.
+func (e *Engine) LazyCommits() bool { return true }
+
+// LazyGroups counts the commit groups written without a sync.
+func (e *Engine) LazyGroups() uint64 { return e.lazyGroups.Load() }
 
 // Open opens (creating if needed) the database in dir.
 func Open(dir string) (*Engine, error) {

@@ -3351,10 +3351,13 @@ func (x *SetLayoutResponse) GetLayout() *Layout {
 }
 
 type OpenSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
-	MountPoint    string                 `protobuf:"bytes,2,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Host       string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
+	MountPoint string                 `protobuf:"bytes,2,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	Version    string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// Files the client has open from an earlier session, recorded as open
+	// by the new one (see RenewSessionRequest.reopen).
+	Reopen        []*OpenCount `protobuf:"bytes,4,rep,name=reopen,proto3" json:"reopen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3410,6 +3413,66 @@ func (x *OpenSessionRequest) GetVersion() string {
 	return ""
 }
 
+func (x *OpenSessionRequest) GetReopen() []*OpenCount {
+	if x != nil {
+		return x.Reopen
+	}
+	return nil
+}
+
+// OpenCount is how many times a client has a file open.
+type OpenCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenCount) Reset() {
+	*x = OpenCount{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenCount) ProtoMessage() {}
+
+func (x *OpenCount) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenCount.ProtoReflect.Descriptor instead.
+func (*OpenCount) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *OpenCount) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
+func (x *OpenCount) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type OpenSessionResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -3421,14 +3484,18 @@ type OpenSessionResponse struct {
 	// The lean path of the meta server that answered (the text form of a
 	// wire address: TCP, and a Unix socket for clients on its host), for
 	// batches of namespace calls without gRPC; empty if it has none.
-	WireAddress   string `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	WireAddress string `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// The meta service's incarnation when it records opens lazily (a crash
+	// may lose the latest): a client that sees it change replays its opens
+	// (RenewSessionRequest.reopen). Empty if every open is durable.
+	Epoch         string `protobuf:"bytes,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenSessionResponse) Reset() {
 	*x = OpenSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3440,7 +3507,7 @@ func (x *OpenSessionResponse) String() string {
 func (*OpenSessionResponse) ProtoMessage() {}
 
 func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[53]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3453,7 +3520,7 @@ func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenSessionResponse.ProtoReflect.Descriptor instead.
 func (*OpenSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{53}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *OpenSessionResponse) GetSession() string {
@@ -3484,16 +3551,28 @@ func (x *OpenSessionResponse) GetWireAddress() string {
 	return ""
 }
 
+func (x *OpenSessionResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
 type RenewSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// Files the client has open, with how many times: each open record of
+	// the session is raised to at least that count (none is lowered). Sent
+	// after the meta service's epoch changed, so opens a crash lost are
+	// recorded again.
+	Reopen        []*OpenCount `protobuf:"bytes,2,rep,name=reopen,proto3" json:"reopen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewSessionRequest) Reset() {
 	*x = RenewSessionRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3584,7 @@ func (x *RenewSessionRequest) String() string {
 func (*RenewSessionRequest) ProtoMessage() {}
 
 func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[54]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3597,7 @@ func (x *RenewSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionRequest.ProtoReflect.Descriptor instead.
 func (*RenewSessionRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{54}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RenewSessionRequest) GetSession() string {
@@ -3528,20 +3607,29 @@ func (x *RenewSessionRequest) GetSession() string {
 	return ""
 }
 
+func (x *RenewSessionRequest) GetReopen() []*OpenCount {
+	if x != nil {
+		return x.Reopen
+	}
+	return nil
+}
+
 type RenewSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Addresses of every live meta server of the cluster.
 	MetaAddresses []string `protobuf:"bytes,1,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
 	// The lean path of the meta server that answered (as in
 	// OpenSessionResponse).
-	WireAddress   string `protobuf:"bytes,2,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	WireAddress string `protobuf:"bytes,2,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// As OpenSessionResponse.epoch.
+	Epoch         string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewSessionResponse) Reset() {
 	*x = RenewSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3553,7 +3641,7 @@ func (x *RenewSessionResponse) String() string {
 func (*RenewSessionResponse) ProtoMessage() {}
 
 func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[55]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3566,7 +3654,7 @@ func (x *RenewSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSessionResponse.ProtoReflect.Descriptor instead.
 func (*RenewSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{55}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RenewSessionResponse) GetMetaAddresses() []string {
@@ -3583,6 +3671,13 @@ func (x *RenewSessionResponse) GetWireAddress() string {
 	return ""
 }
 
+func (x *RenewSessionResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
 type CloseSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -3592,7 +3687,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3604,7 +3699,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[56]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3617,7 +3712,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{56}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CloseSessionRequest) GetSession() string {
@@ -3635,7 +3730,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3647,7 +3742,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[57]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3660,7 +3755,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{57}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
 }
 
 // TargetReport is a data server's report of one target (disk directory).
@@ -3688,7 +3783,7 @@ type TargetReport struct {
 
 func (x *TargetReport) Reset() {
 	*x = TargetReport{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3795,7 @@ func (x *TargetReport) String() string {
 func (*TargetReport) ProtoMessage() {}
 
 func (x *TargetReport) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[58]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3808,7 @@ func (x *TargetReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetReport.ProtoReflect.Descriptor instead.
 func (*TargetReport) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{58}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *TargetReport) GetUuid() string {
@@ -3805,7 +3900,7 @@ type SyncProgress struct {
 
 func (x *SyncProgress) Reset() {
 	*x = SyncProgress{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3817,7 +3912,7 @@ func (x *SyncProgress) String() string {
 func (*SyncProgress) ProtoMessage() {}
 
 func (x *SyncProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[59]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3830,7 +3925,7 @@ func (x *SyncProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncProgress.ProtoReflect.Descriptor instead.
 func (*SyncProgress) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{59}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SyncProgress) GetChainId() uint64 {
@@ -3873,7 +3968,7 @@ type RegisterServerRequest struct {
 
 func (x *RegisterServerRequest) Reset() {
 	*x = RegisterServerRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +3980,7 @@ func (x *RegisterServerRequest) String() string {
 func (*RegisterServerRequest) ProtoMessage() {}
 
 func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[60]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +3993,7 @@ func (x *RegisterServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterServerRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{60}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RegisterServerRequest) GetUuid() string {
@@ -3969,7 +4064,7 @@ type RegisterServerResponse struct {
 
 func (x *RegisterServerResponse) Reset() {
 	*x = RegisterServerResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3981,7 +4076,7 @@ func (x *RegisterServerResponse) String() string {
 func (*RegisterServerResponse) ProtoMessage() {}
 
 func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[61]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3994,7 +4089,7 @@ func (x *RegisterServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterServerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterServerResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{61}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RegisterServerResponse) GetServerId() uint64 {
@@ -4051,7 +4146,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4063,7 +4158,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[62]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4076,7 +4171,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{62}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *HeartbeatRequest) GetServerId() uint64 {
@@ -4120,7 +4215,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4227,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[63]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4240,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{63}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *HeartbeatResponse) GetChains() *ChainTable {
@@ -4184,7 +4279,7 @@ type Chain struct {
 
 func (x *Chain) Reset() {
 	*x = Chain{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4291,7 @@ func (x *Chain) String() string {
 func (*Chain) ProtoMessage() {}
 
 func (x *Chain) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4304,7 @@ func (x *Chain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chain.ProtoReflect.Descriptor instead.
 func (*Chain) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Chain) GetId() uint64 {
@@ -4255,7 +4350,7 @@ type ChainMember struct {
 
 func (x *ChainMember) Reset() {
 	*x = ChainMember{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +4362,7 @@ func (x *ChainMember) String() string {
 func (*ChainMember) ProtoMessage() {}
 
 func (x *ChainMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +4375,7 @@ func (x *ChainMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainMember.ProtoReflect.Descriptor instead.
 func (*ChainMember) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ChainMember) GetTargetId() uint64 {
@@ -4328,7 +4423,7 @@ type ChainTable struct {
 
 func (x *ChainTable) Reset() {
 	*x = ChainTable{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4340,7 +4435,7 @@ func (x *ChainTable) String() string {
 func (*ChainTable) ProtoMessage() {}
 
 func (x *ChainTable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4353,7 +4448,7 @@ func (x *ChainTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainTable.ProtoReflect.Descriptor instead.
 func (*ChainTable) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ChainTable) GetVersion() uint64 {
@@ -4384,7 +4479,7 @@ type ReportSyncedRequest struct {
 
 func (x *ReportSyncedRequest) Reset() {
 	*x = ReportSyncedRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +4491,7 @@ func (x *ReportSyncedRequest) String() string {
 func (*ReportSyncedRequest) ProtoMessage() {}
 
 func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +4504,7 @@ func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedRequest.ProtoReflect.Descriptor instead.
 func (*ReportSyncedRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReportSyncedRequest) GetServerId() uint64 {
@@ -4449,7 +4544,7 @@ type ReportSyncedResponse struct {
 
 func (x *ReportSyncedResponse) Reset() {
 	*x = ReportSyncedResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4461,7 +4556,7 @@ func (x *ReportSyncedResponse) String() string {
 func (*ReportSyncedResponse) ProtoMessage() {}
 
 func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4474,7 +4569,7 @@ func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedResponse.ProtoReflect.Descriptor instead.
 func (*ReportSyncedResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReportSyncedResponse) GetChains() *ChainTable {
@@ -4495,7 +4590,7 @@ type RemoveTargetRequest struct {
 
 func (x *RemoveTargetRequest) Reset() {
 	*x = RemoveTargetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4507,7 +4602,7 @@ func (x *RemoveTargetRequest) String() string {
 func (*RemoveTargetRequest) ProtoMessage() {}
 
 func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4520,7 +4615,7 @@ func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
 func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RemoveTargetRequest) GetTargetId() uint64 {
@@ -4540,7 +4635,7 @@ type RemoveTargetResponse struct {
 
 func (x *RemoveTargetResponse) Reset() {
 	*x = RemoveTargetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +4647,7 @@ func (x *RemoveTargetResponse) String() string {
 func (*RemoveTargetResponse) ProtoMessage() {}
 
 func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +4660,7 @@ func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
 func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RemoveTargetResponse) GetChainsChanged() uint32 {
@@ -4594,7 +4689,7 @@ type ChainSummary struct {
 
 func (x *ChainSummary) Reset() {
 	*x = ChainSummary{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4606,7 +4701,7 @@ func (x *ChainSummary) String() string {
 func (*ChainSummary) ProtoMessage() {}
 
 func (x *ChainSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4619,7 +4714,7 @@ func (x *ChainSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainSummary.ProtoReflect.Descriptor instead.
 func (*ChainSummary) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ChainSummary) GetReplicas() uint32 {
@@ -4672,7 +4767,7 @@ type GetChainsRequest struct {
 
 func (x *GetChainsRequest) Reset() {
 	*x = GetChainsRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4684,7 +4779,7 @@ func (x *GetChainsRequest) String() string {
 func (*GetChainsRequest) ProtoMessage() {}
 
 func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4697,7 +4792,7 @@ func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChainsRequest.ProtoReflect.Descriptor instead.
 func (*GetChainsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
 }
 
 type ServerStatus struct {
@@ -4716,7 +4811,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4728,7 +4823,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4741,7 +4836,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ServerStatus) GetId() uint64 {
@@ -4822,7 +4917,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4834,7 +4929,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4847,7 +4942,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *TargetStatus) GetId() uint64 {
@@ -4935,7 +5030,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4947,7 +5042,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4960,7 +5055,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
 }
 
 type StatusResponse struct {
@@ -4994,7 +5089,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5006,7 +5101,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5019,7 +5114,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StatusResponse) GetClusterId() string {
@@ -5172,7 +5267,7 @@ type SessionStatus struct {
 
 func (x *SessionStatus) Reset() {
 	*x = SessionStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5184,7 +5279,7 @@ func (x *SessionStatus) String() string {
 func (*SessionStatus) ProtoMessage() {}
 
 func (x *SessionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5197,7 +5292,7 @@ func (x *SessionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionStatus.ProtoReflect.Descriptor instead.
 func (*SessionStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *SessionStatus) GetId() string {
@@ -5265,7 +5360,7 @@ type MetaServerStatus struct {
 
 func (x *MetaServerStatus) Reset() {
 	*x = MetaServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5277,7 +5372,7 @@ func (x *MetaServerStatus) String() string {
 func (*MetaServerStatus) ProtoMessage() {}
 
 func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5290,7 +5385,7 @@ func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaServerStatus.ProtoReflect.Descriptor instead.
 func (*MetaServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *MetaServerStatus) GetId() string {
@@ -5353,7 +5448,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5365,7 +5460,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5378,7 +5473,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *LockRequest) GetCaller() *Caller {
@@ -5459,7 +5554,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5471,7 +5566,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5484,7 +5579,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LockResponse) GetType() uint32 {
@@ -5532,7 +5627,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5544,7 +5639,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5557,7 +5652,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *WatchRequest) GetSession() string {
@@ -5586,7 +5681,7 @@ type Invalidation struct {
 
 func (x *Invalidation) Reset() {
 	*x = Invalidation{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5598,7 +5693,7 @@ func (x *Invalidation) String() string {
 func (*Invalidation) ProtoMessage() {}
 
 func (x *Invalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5611,7 +5706,7 @@ func (x *Invalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
 func (*Invalidation) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *Invalidation) GetInodes() []uint64 {
@@ -5653,7 +5748,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5665,7 +5760,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5678,7 +5773,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{83}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *Recall) GetDir() uint64 {
@@ -5706,7 +5801,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5718,7 +5813,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5731,7 +5826,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{84}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *EntryChange) GetParent() uint64 {
@@ -5760,7 +5855,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5772,7 +5867,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5785,7 +5880,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{85}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ForgetRequest) GetSession() string {
@@ -5810,7 +5905,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5822,7 +5917,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5835,7 +5930,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{86}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{87}
 }
 
 // FsckRequest checks the namespace and the chunks on the data servers.
@@ -5849,7 +5944,7 @@ type FsckRequest struct {
 
 func (x *FsckRequest) Reset() {
 	*x = FsckRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5861,7 +5956,7 @@ func (x *FsckRequest) String() string {
 func (*FsckRequest) ProtoMessage() {}
 
 func (x *FsckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5874,7 +5969,7 @@ func (x *FsckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckRequest.ProtoReflect.Descriptor instead.
 func (*FsckRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{87}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *FsckRequest) GetRepair() bool {
@@ -5901,7 +5996,7 @@ type FsckProblem struct {
 
 func (x *FsckProblem) Reset() {
 	*x = FsckProblem{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5913,7 +6008,7 @@ func (x *FsckProblem) String() string {
 func (*FsckProblem) ProtoMessage() {}
 
 func (x *FsckProblem) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5926,7 +6021,7 @@ func (x *FsckProblem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckProblem.ProtoReflect.Descriptor instead.
 func (*FsckProblem) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{88}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *FsckProblem) GetKind() string {
@@ -5986,7 +6081,7 @@ type FsckResponse struct {
 
 func (x *FsckResponse) Reset() {
 	*x = FsckResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5998,7 +6093,7 @@ func (x *FsckResponse) String() string {
 func (*FsckResponse) ProtoMessage() {}
 
 func (x *FsckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6011,7 +6106,7 @@ func (x *FsckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckResponse.ProtoReflect.Descriptor instead.
 func (*FsckResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{89}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *FsckResponse) GetProblems() []*FsckProblem {
@@ -6070,7 +6165,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6082,7 +6177,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6095,7 +6190,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{90}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -6125,7 +6220,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6137,7 +6232,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6150,7 +6245,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{91}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -6184,7 +6279,7 @@ type BatchResponse struct {
 
 func (x *BatchResponse) Reset() {
 	*x = BatchResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6196,7 +6291,7 @@ func (x *BatchResponse) String() string {
 func (*BatchResponse) ProtoMessage() {}
 
 func (x *BatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6209,7 +6304,7 @@ func (x *BatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
 func (*BatchResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{92}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *BatchResponse) GetReplies() []*BatchReply {
@@ -6232,7 +6327,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6244,7 +6339,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6257,7 +6352,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{93}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *BatchReply) GetResponse() []byte {
@@ -6501,22 +6596,29 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12'\n" +
 	"\x06layout\x18\x03 \x01(\v2\x0f.weft.v1.LayoutR\x06layout\"<\n" +
 	"\x11SetLayoutResponse\x12'\n" +
-	"\x06layout\x18\x01 \x01(\v2\x0f.weft.v1.LayoutR\x06layout\"c\n" +
+	"\x06layout\x18\x01 \x01(\v2\x0f.weft.v1.LayoutR\x06layout\"\x8f\x01\n" +
 	"\x12OpenSessionRequest\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1f\n" +
 	"\vmount_point\x18\x02 \x01(\tR\n" +
 	"mountPoint\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"\x94\x01\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12*\n" +
+	"\x06reopen\x18\x04 \x03(\v2\x12.weft.v1.OpenCountR\x06reopen\"3\n" +
+	"\tOpenCount\x12\x10\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\"\xaa\x01\n" +
 	"\x13OpenSessionResponse\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x19\n" +
 	"\blease_ms\x18\x02 \x01(\x03R\aleaseMs\x12%\n" +
 	"\x0emeta_addresses\x18\x03 \x03(\tR\rmetaAddresses\x12!\n" +
-	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\"/\n" +
+	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"[\n" +
 	"\x13RenewSessionRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"`\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12*\n" +
+	"\x06reopen\x18\x02 \x03(\v2\x12.weft.v1.OpenCountR\x06reopen\"v\n" +
 	"\x14RenewSessionResponse\x12%\n" +
 	"\x0emeta_addresses\x18\x01 \x03(\tR\rmetaAddresses\x12!\n" +
-	"\fwire_address\x18\x02 \x01(\tR\vwireAddress\"/\n" +
+	"\fwire_address\x18\x02 \x01(\tR\vwireAddress\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
 	"\x14CloseSessionResponse\"\xeb\x02\n" +
@@ -6816,7 +6918,7 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(SetAttrValid)(0),                // 0: weft.v1.SetAttrValid
 	(RenameFlags)(0),                 // 1: weft.v1.RenameFlags
@@ -6874,47 +6976,48 @@ var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(*SetLayoutRequest)(nil),         // 53: weft.v1.SetLayoutRequest
 	(*SetLayoutResponse)(nil),        // 54: weft.v1.SetLayoutResponse
 	(*OpenSessionRequest)(nil),       // 55: weft.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),      // 56: weft.v1.OpenSessionResponse
-	(*RenewSessionRequest)(nil),      // 57: weft.v1.RenewSessionRequest
-	(*RenewSessionResponse)(nil),     // 58: weft.v1.RenewSessionResponse
-	(*CloseSessionRequest)(nil),      // 59: weft.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),     // 60: weft.v1.CloseSessionResponse
-	(*TargetReport)(nil),             // 61: weft.v1.TargetReport
-	(*SyncProgress)(nil),             // 62: weft.v1.SyncProgress
-	(*RegisterServerRequest)(nil),    // 63: weft.v1.RegisterServerRequest
-	(*RegisterServerResponse)(nil),   // 64: weft.v1.RegisterServerResponse
-	(*HeartbeatRequest)(nil),         // 65: weft.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 66: weft.v1.HeartbeatResponse
-	(*Chain)(nil),                    // 67: weft.v1.Chain
-	(*ChainMember)(nil),              // 68: weft.v1.ChainMember
-	(*ChainTable)(nil),               // 69: weft.v1.ChainTable
-	(*ReportSyncedRequest)(nil),      // 70: weft.v1.ReportSyncedRequest
-	(*ReportSyncedResponse)(nil),     // 71: weft.v1.ReportSyncedResponse
-	(*RemoveTargetRequest)(nil),      // 72: weft.v1.RemoveTargetRequest
-	(*RemoveTargetResponse)(nil),     // 73: weft.v1.RemoveTargetResponse
-	(*ChainSummary)(nil),             // 74: weft.v1.ChainSummary
-	(*GetChainsRequest)(nil),         // 75: weft.v1.GetChainsRequest
-	(*ServerStatus)(nil),             // 76: weft.v1.ServerStatus
-	(*TargetStatus)(nil),             // 77: weft.v1.TargetStatus
-	(*StatusRequest)(nil),            // 78: weft.v1.StatusRequest
-	(*StatusResponse)(nil),           // 79: weft.v1.StatusResponse
-	(*SessionStatus)(nil),            // 80: weft.v1.SessionStatus
-	(*MetaServerStatus)(nil),         // 81: weft.v1.MetaServerStatus
-	(*LockRequest)(nil),              // 82: weft.v1.LockRequest
-	(*LockResponse)(nil),             // 83: weft.v1.LockResponse
-	(*WatchRequest)(nil),             // 84: weft.v1.WatchRequest
-	(*Invalidation)(nil),             // 85: weft.v1.Invalidation
-	(*Recall)(nil),                   // 86: weft.v1.Recall
-	(*EntryChange)(nil),              // 87: weft.v1.EntryChange
-	(*ForgetRequest)(nil),            // 88: weft.v1.ForgetRequest
-	(*ForgetResponse)(nil),           // 89: weft.v1.ForgetResponse
-	(*FsckRequest)(nil),              // 90: weft.v1.FsckRequest
-	(*FsckProblem)(nil),              // 91: weft.v1.FsckProblem
-	(*FsckResponse)(nil),             // 92: weft.v1.FsckResponse
-	(*BatchRequest)(nil),             // 93: weft.v1.BatchRequest
-	(*BatchCall)(nil),                // 94: weft.v1.BatchCall
-	(*BatchResponse)(nil),            // 95: weft.v1.BatchResponse
-	(*BatchReply)(nil),               // 96: weft.v1.BatchReply
+	(*OpenCount)(nil),                // 56: weft.v1.OpenCount
+	(*OpenSessionResponse)(nil),      // 57: weft.v1.OpenSessionResponse
+	(*RenewSessionRequest)(nil),      // 58: weft.v1.RenewSessionRequest
+	(*RenewSessionResponse)(nil),     // 59: weft.v1.RenewSessionResponse
+	(*CloseSessionRequest)(nil),      // 60: weft.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),     // 61: weft.v1.CloseSessionResponse
+	(*TargetReport)(nil),             // 62: weft.v1.TargetReport
+	(*SyncProgress)(nil),             // 63: weft.v1.SyncProgress
+	(*RegisterServerRequest)(nil),    // 64: weft.v1.RegisterServerRequest
+	(*RegisterServerResponse)(nil),   // 65: weft.v1.RegisterServerResponse
+	(*HeartbeatRequest)(nil),         // 66: weft.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 67: weft.v1.HeartbeatResponse
+	(*Chain)(nil),                    // 68: weft.v1.Chain
+	(*ChainMember)(nil),              // 69: weft.v1.ChainMember
+	(*ChainTable)(nil),               // 70: weft.v1.ChainTable
+	(*ReportSyncedRequest)(nil),      // 71: weft.v1.ReportSyncedRequest
+	(*ReportSyncedResponse)(nil),     // 72: weft.v1.ReportSyncedResponse
+	(*RemoveTargetRequest)(nil),      // 73: weft.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),     // 74: weft.v1.RemoveTargetResponse
+	(*ChainSummary)(nil),             // 75: weft.v1.ChainSummary
+	(*GetChainsRequest)(nil),         // 76: weft.v1.GetChainsRequest
+	(*ServerStatus)(nil),             // 77: weft.v1.ServerStatus
+	(*TargetStatus)(nil),             // 78: weft.v1.TargetStatus
+	(*StatusRequest)(nil),            // 79: weft.v1.StatusRequest
+	(*StatusResponse)(nil),           // 80: weft.v1.StatusResponse
+	(*SessionStatus)(nil),            // 81: weft.v1.SessionStatus
+	(*MetaServerStatus)(nil),         // 82: weft.v1.MetaServerStatus
+	(*LockRequest)(nil),              // 83: weft.v1.LockRequest
+	(*LockResponse)(nil),             // 84: weft.v1.LockResponse
+	(*WatchRequest)(nil),             // 85: weft.v1.WatchRequest
+	(*Invalidation)(nil),             // 86: weft.v1.Invalidation
+	(*Recall)(nil),                   // 87: weft.v1.Recall
+	(*EntryChange)(nil),              // 88: weft.v1.EntryChange
+	(*ForgetRequest)(nil),            // 89: weft.v1.ForgetRequest
+	(*ForgetResponse)(nil),           // 90: weft.v1.ForgetResponse
+	(*FsckRequest)(nil),              // 91: weft.v1.FsckRequest
+	(*FsckProblem)(nil),              // 92: weft.v1.FsckProblem
+	(*FsckResponse)(nil),             // 93: weft.v1.FsckResponse
+	(*BatchRequest)(nil),             // 94: weft.v1.BatchRequest
+	(*BatchCall)(nil),                // 95: weft.v1.BatchCall
+	(*BatchResponse)(nil),            // 96: weft.v1.BatchResponse
+	(*BatchReply)(nil),               // 97: weft.v1.BatchReply
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,   // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
@@ -6954,116 +7057,118 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	3,   // 34: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
 	4,   // 35: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
 	4,   // 36: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	62,  // 37: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	61,  // 38: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	69,  // 39: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	61,  // 40: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	69,  // 41: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	68,  // 42: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	67,  // 43: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	69,  // 44: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	77,  // 45: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	76,  // 46: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,   // 47: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	74,  // 48: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	67,  // 49: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	80,  // 50: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	81,  // 51: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,   // 52: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	87,  // 53: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	86,  // 54: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
-	91,  // 55: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	94,  // 56: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	96,  // 57: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,   // 58: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,   // 59: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10,  // 60: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11,  // 61: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13,  // 62: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
-	15,  // 63: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
-	18,  // 64: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
-	21,  // 65: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
-	23,  // 66: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	24,  // 67: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	24,  // 68: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	26,  // 69: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	28,  // 70: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	29,  // 71: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	30,  // 72: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	32,  // 73: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	35,  // 74: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	36,  // 75: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	38,  // 76: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	40,  // 77: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	41,  // 78: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	43,  // 79: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	45,  // 80: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	47,  // 81: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	49,  // 82: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	51,  // 83: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	53,  // 84: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	93,  // 85: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	55,  // 86: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	57,  // 87: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	59,  // 88: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	63,  // 89: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	65,  // 90: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	75,  // 91: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	70,  // 92: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	72,  // 93: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	78,  // 94: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	82,  // 95: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	82,  // 96: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	84,  // 97: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	88,  // 98: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	90,  // 99: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,   // 100: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,   // 101: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,   // 102: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12,  // 103: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	14,  // 104: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
-	16,  // 105: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
-	20,  // 106: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
-	22,  // 107: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
-	8,   // 108: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	25,  // 109: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	25,  // 110: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	27,  // 111: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,   // 112: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,   // 113: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	31,  // 114: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	34,  // 115: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,   // 116: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	37,  // 117: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	39,  // 118: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,   // 119: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	42,  // 120: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	44,  // 121: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	46,  // 122: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	48,  // 123: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	50,  // 124: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	52,  // 125: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	54,  // 126: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	95,  // 127: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	56,  // 128: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	58,  // 129: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	60,  // 130: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	64,  // 131: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	66,  // 132: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	69,  // 133: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	71,  // 134: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	73,  // 135: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	79,  // 136: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	83,  // 137: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	83,  // 138: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	85,  // 139: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	89,  // 140: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	92,  // 141: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	100, // [100:142] is the sub-list for method output_type
-	58,  // [58:100] is the sub-list for method input_type
-	58,  // [58:58] is the sub-list for extension type_name
-	58,  // [58:58] is the sub-list for extension extendee
-	0,   // [0:58] is the sub-list for field type_name
+	56,  // 37: weft.v1.OpenSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	56,  // 38: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	63,  // 39: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	62,  // 40: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 41: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	62,  // 42: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 43: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	69,  // 44: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	68,  // 45: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	70,  // 46: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	78,  // 47: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	77,  // 48: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,   // 49: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	75,  // 50: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	68,  // 51: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	81,  // 52: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	82,  // 53: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,   // 54: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	88,  // 55: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	87,  // 56: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
+	92,  // 57: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	95,  // 58: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	97,  // 59: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,   // 60: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,   // 61: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10,  // 62: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11,  // 63: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13,  // 64: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
+	15,  // 65: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
+	18,  // 66: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
+	21,  // 67: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
+	23,  // 68: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	24,  // 69: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	24,  // 70: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	26,  // 71: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	28,  // 72: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	29,  // 73: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	30,  // 74: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	32,  // 75: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	35,  // 76: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	36,  // 77: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	38,  // 78: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	40,  // 79: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	41,  // 80: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	43,  // 81: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	45,  // 82: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	47,  // 83: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	49,  // 84: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	51,  // 85: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	53,  // 86: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	94,  // 87: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	55,  // 88: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	58,  // 89: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	60,  // 90: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	64,  // 91: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	66,  // 92: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	76,  // 93: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	71,  // 94: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	73,  // 95: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	79,  // 96: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	83,  // 97: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	83,  // 98: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	85,  // 99: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	89,  // 100: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	91,  // 101: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 102: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 103: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 104: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 105: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 106: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 107: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 108: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 109: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 110: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 111: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 112: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 113: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 114: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 115: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 116: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 117: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 118: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 119: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 120: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 121: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 122: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 123: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 124: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 125: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 126: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 127: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 128: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	96,  // 129: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	57,  // 130: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	59,  // 131: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	61,  // 132: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	65,  // 133: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	67,  // 134: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	70,  // 135: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	72,  // 136: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	74,  // 137: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	80,  // 138: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	84,  // 139: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	84,  // 140: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	86,  // 141: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	90,  // 142: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	93,  // 143: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	102, // [102:144] is the sub-list for method output_type
+	60,  // [60:102] is the sub-list for method input_type
+	60,  // [60:60] is the sub-list for extension type_name
+	60,  // [60:60] is the sub-list for extension extendee
+	0,   // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -7077,7 +7182,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   94,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

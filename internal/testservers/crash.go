@@ -1,0 +1,67 @@
+package testservers
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+
+	"github.com/weft-fs/weft/meta/kv"
+	"github.com/weft-fs/weft/meta/kv/pebblekv"
+)
+
+// Keys of the meta service's store that a crash can lose (meta/keys.go):
+// the record of a clean stop and the open records, which the meta service
+// commits without a sync (meta/replay.go).
+var (
+	keyCleanStop   = []byte("n/stop")
+	prefixOpen     = []byte("n/o/")
+	prefixSessOpen = []byte("n/so/")
+)
+
+// CrashMeta stops the meta service and leaves its store as a crash of
+// the machine may: the stop was not clean, and every open record is lost
+// (the worst a crash can do to opens, which are committed lazily). Then
+// it starts the meta service again. It returns how many open records
+// were dropped.
+func (s *Servers) CrashMeta() int {
+	s.t.Helper()
+	if err := s.StopMeta(); err != nil {
+		s.t.Fatalf("testservers: stop meta service: %v", err)
+	}
+	s.mu.Lock()
+	dir := s.metaCfg.Dir
+	s.mu.Unlock()
+	eng, err := pebblekv.Open(filepath.Join(dir, "db"))
+	if err != nil {
+		s.t.Fatalf("testservers: open the meta service's store: %v", err)
+	}
+	dropped := 0
+	err = eng.Update(context.Background(), func(t kv.Txn) error {
+		dropped = 0
+		var keys [][]byte
+		for _, p := range [][]byte{prefixOpen, prefixSessOpen} {
+			err := t.Scan(p, kv.PrefixEnd(p), func(k, _ []byte) (bool, error) {
+				keys = append(keys, bytes.Clone(k))
+				return true, nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		for _, k := range append(keys, keyCleanStop) {
+			if err := t.Delete(k); err != nil {
+				return err
+			}
+		}
+		dropped = len(keys) / 2
+		return nil
+	})
+	if cerr := eng.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		s.t.Fatalf("testservers: drop open records: %v", err)
+	}
+	s.StartMeta()
+	return dropped
+}

@@ -1,0 +1,230 @@
+package meta
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-fs/weft/meta/kv"
+	"github.com/weft-fs/weft/meta/kv/pebblekv"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// crash stops the service as a crash would (no clean-stop record) and
+// opens it again.
+func (e *env) crash() {
+	e.t.Helper()
+	e.s.closeOnce.Do(func() {
+		e.s.cluster.Close()
+		e.s.eng.Close()
+	})
+	e.open()
+}
+
+// lazyGroups is how many commit groups the engine wrote without a sync.
+func (e *env) lazyGroups() uint64 { return e.s.eng.(*pebblekv.Engine).LazyGroups() }
+
+// session opens a session; fails the test on error.
+func (e *env) session(host string) string {
+	e.t.Helper()
+	r, err := e.s.OpenSession(e.ctx, &weftv1.OpenSessionRequest{Host: host})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.Session
+}
+
+// openCount is the open count of ino recorded for session.
+func (e *env) openCount(ino uint64, session string) uint64 {
+	e.t.Helper()
+	var n uint64
+	if err := e.s.view(e.ctx, func(x *tx) error {
+		var err error
+		n, err = getUint64(x.t, openKey(ino, session))
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// forgetOpens drops every open record, as a crash may lose them.
+func (e *env) forgetOpens() {
+	e.t.Helper()
+	if err := e.s.eng.Update(e.ctx, func(t kv.Txn) error {
+		for _, p := range [][]byte{prefixOpen, prefixSessOpn} {
+			if err := deletePrefix(t, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Opens commit lazily on the embedded engine unless OpenGrace is
+// negative; creates and other changes always sync.
+func TestOpensCommitLazily(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		grace time.Duration
+		lazy  bool
+	}{
+		{"default", 0, true},
+		{"negative grace: synced", -1, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := &env{t: t, ctx: t.Context(), dir: t.TempDir(), lease: time.Minute, grace: tt.grace, data: startChunkServer(t)}
+			e.open()
+			t.Cleanup(func() { e.s.Close() })
+			sess := e.session("h")
+			before := e.lazyGroups()
+			a := e.create(root, rootIno, "f", 0o644)
+			if e.lazyGroups() != before {
+				t.Fatal("a create committed without a sync")
+			}
+			if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: a.Ino, Flags: syscall.O_RDONLY, Session: sess}); err != nil {
+				t.Fatal(err)
+			}
+			if got := e.lazyGroups() > before; got != tt.lazy {
+				t.Errorf("the open committed lazily: %v, want %v", got, tt.lazy)
+			}
+			if (e.s.epoch != "") != tt.lazy {
+				t.Errorf("epoch %q with lazy opens %v", e.s.epoch, tt.lazy)
+			}
+		})
+	}
+}
+
+// A grace period follows only a start after a crash: not a first start,
+// not a start after a clean stop. Every start has a new epoch.
+func TestGraceOnlyAfterCrash(t *testing.T) {
+	e := newEnv(t)
+	steps := []struct {
+		name    string
+		restart func()
+		grace   bool
+	}{
+		{"first start", func() {}, false},
+		{"after a clean stop", e.reopen, false},
+		{"after a crash", e.crash, true},
+		{"after a clean stop again", e.reopen, false},
+	}
+	seen := map[string]bool{}
+	for _, st := range steps {
+		st.restart()
+		if got := e.s.graceUntil > time.Now().UnixNano(); got != st.grace {
+			t.Errorf("%s: grace period %v, want %v", st.name, got, st.grace)
+		}
+		if e.s.epoch == "" || seen[e.s.epoch] {
+			t.Errorf("%s: epoch %q is empty or not new", st.name, e.s.epoch)
+		}
+		seen[e.s.epoch] = true
+	}
+}
+
+// A replay raises a session's open records to the counts it sends, never
+// lowers one, and skips files that no longer exist.
+func TestReplayRaisesOpenCounts(t *testing.T) {
+	e := newEnv(t)
+	sess := e.session("h")
+	f := e.create(root, rootIno, "f", 0o644)
+	g := e.create(root, rootIno, "g", 0o644)
+	for range 3 {
+		if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: g.Ino, Flags: syscall.O_RDONLY, Session: sess}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const missing = 1 << 40
+	_, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: sess, Reopen: []*weftv1.OpenCount{
+		{Ino: f.Ino, Count: 2}, {Ino: g.Ino, Count: 1}, {Ino: missing, Count: 1},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ino  uint64
+		want uint64
+	}{{f.Ino, 2}, {g.Ino, 3}, {missing, 0}} {
+		if got := e.openCount(c.ino, sess); got != c.want {
+			t.Errorf("inode %d: open count %d, want %d", c.ino, got, c.want)
+		}
+	}
+	// A new session can take over the opens of one that expired.
+	r, err := e.s.OpenSession(e.ctx, &weftv1.OpenSessionRequest{Host: "h", Reopen: []*weftv1.OpenCount{{Ino: f.Ino, Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.openCount(f.Ino, r.Session); got != 1 {
+		t.Errorf("new session: open count %d, want 1", got)
+	}
+}
+
+// In the grace period after a crash, files that lose their last name or
+// their last known open are kept; when it ends, the sweep deletes those
+// nobody has open, and a file a client replayed stays until its release.
+func TestGraceKeepsFilesUntilReplayed(t *testing.T) {
+	e := newEnv(t)
+	e.grace = time.Hour
+	reader, other := e.session("reader"), e.session("other")
+	files := map[string]*weftv1.Attr{}
+	for _, name := range []string{"replayed", "unlinked", "released"} {
+		files[name] = e.create(root, rootIno, name, 0o644)
+		if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: files[name].Ino, Flags: syscall.O_RDONLY, Session: reader}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.unlink(root, rootIno, "released"); err != nil { // an orphan
+		t.Fatal(err)
+	}
+	e.crash()
+	e.forgetOpens() // what the crash lost
+	if e.s.graceUntil == 0 {
+		t.Fatal("no grace period after a crash")
+	}
+	// Another session opens the orphan and releases it: its last known
+	// open.
+	if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: files["released"].Ino, Flags: syscall.O_RDONLY, Session: other}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"replayed", "unlinked"} {
+		if err := e.unlink(root, rootIno, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: files["released"].Ino, Session: other}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: reader, Reopen: []*weftv1.OpenCount{
+		{Ino: files["replayed"].Ino, Count: 1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, a := range files {
+		if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: a.Ino}); err != nil {
+			t.Errorf("%s was deleted in the grace period: %v", name, err)
+		}
+	}
+	gcBefore := e.gcPending()
+	e.s.now = func() time.Time { return time.Now().Add(2 * time.Hour) } // the grace period is over
+	n, err := e.s.sweepOrphans(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || e.gcPending() != gcBefore+2 {
+		t.Errorf("the sweep deleted %d files (GC queue %d to %d), want 2", n, gcBefore, e.gcPending())
+	}
+	for name, wantErr := range map[string]error{"replayed": nil, "unlinked": syscall.ENOENT, "released": syscall.ENOENT} {
+		_, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: files[name].Ino})
+		if errnoOf(t, err) != errnoOf(t, wantErr) {
+			t.Errorf("%s after the sweep: %v, want %v", name, err, wantErr)
+		}
+	}
+	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: files["replayed"].Ino, Session: reader}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: files["replayed"].Ino}); errnoOf(t, err) != syscall.ENOENT {
+		t.Errorf("the replayed file after its release: %v, want ENOENT", err)
+	}
+}
