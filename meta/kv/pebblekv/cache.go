@@ -15,9 +15,14 @@ import (
 // inodes, counters, the layout generation, sessions.
 //
 // Only keys a read looked up enter the cache; a committed write updates
-// (or, deleting, removes) a value the cache holds, clears an absence it
-// noted, and leaves other keys out, so the keys a create makes and
-// nobody reads soon (a new name, a new inode) cost no room. Absences are
+// what the cache knows of such a key (a deleted value becomes an absence,
+// a set absence a value) and leaves other keys out, so the keys a create
+// makes and nobody reads soon (a new name, a new inode) cost no room. A
+// key set and deleted over and over (a file's open record, opened and
+// released) must stay known absent: pebble finds a key whose newest
+// version is a deletion by stepping over every older version still in
+// the memtables, and an open of a file released thousands of times spent
+// most of its time there. Absences are
 // kept in a small set emptied when full: the names looked up once before
 // being created churn it, the few absent keys read all the time (an unset
 // layout generation, a directory without a default layout) come back at
@@ -84,9 +89,17 @@ func (c *valueCache) putAbsent(key string) {
 	c.absent[key] = struct{}{}
 }
 
-// update applies a committed write to what the cache knows of key.
+// update applies a committed write to what the cache knows of key: a
+// key it knows stays known (a deleted value becomes an absence, a set
+// absence a value), others stay out.
 func (c *valueCache) update(key string, v []byte, deleted bool) {
-	delete(c.absent, key)
+	if _, ok := c.absent[key]; ok {
+		if !deleted {
+			delete(c.absent, key)
+			c.put(key, v)
+		}
+		return
+	}
 	old, ok := c.m[key]
 	if !ok {
 		return
@@ -94,6 +107,7 @@ func (c *valueCache) update(key string, v []byte, deleted bool) {
 	if deleted {
 		delete(c.m, key)
 		c.bytes -= len(key) + len(old) + cacheEntryOverhead
+		c.putAbsent(key)
 		return
 	}
 	c.m[key] = v

@@ -162,3 +162,34 @@ func checkAgainst(t *testing.T, e *Engine, model map[string]string) {
 		}
 	}
 }
+
+// A key read, then set and deleted over and over (a file opened and
+// released), is answered by the cache from its first read on: pebble
+// would step over every older version to find it deleted.
+func TestCacheKeepsChurnedKeysKnown(t *testing.T) {
+	e := openTest(t, nil)
+	ctx := context.Background()
+	key := []byte("n/o/churned")
+	before := e.dbGets
+	for i := range 200 {
+		err := e.Update(ctx, func(tx kv.Txn) error {
+			_, ok, err := tx.Get(key)
+			if err != nil {
+				return err
+			}
+			if ok == (i%2 == 0) {
+				return fmt.Errorf("round %d: key present %v", i, ok)
+			}
+			if ok {
+				return tx.Delete(key)
+			}
+			return tx.Set(key, []byte{byte(i)})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.dbGets - before; n > 1 {
+		t.Errorf("%d of 200 reads went to pebble, want 1 (the first)", n)
+	}
+}

@@ -46,6 +46,7 @@ type Engine struct {
 	cache *valueCache // committed states the committer knows (cache.go)
 
 	groups, txns uint64        // counted by the committer, for tests
+	dbGets       uint64        // reads of read-write transactions the cache could not answer (committer only)
 	lazyGroups   atomic.Uint64 // groups committed without a sync (kv.Lazy)
 }
 
@@ -220,6 +221,7 @@ func (t *txn) Get(key []byte) ([]byte, bool, error) {
 		}
 		return append([]byte(nil), v...), true, nil
 	}
+	t.e.dbGets++
 	v, ok, err := get(t.e.db, key)
 	if err != nil {
 		return nil, false, err
