@@ -241,7 +241,7 @@ func (c *Client) openSession(ctx context.Context, replay bool) error {
 	if replay {
 		c.opens.replayMu.Lock()
 		defer c.opens.replayMu.Unlock()
-		req.Reopen = c.opens.snapshot()
+		req.Reopen = c.opens.snapshot(nil) // queued releases go to the old session
 	}
 	resp, err := c.meta.OpenSession(ctx, req)
 	if err != nil {

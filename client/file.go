@@ -266,11 +266,14 @@ func (f *File) Fsync(ctx context.Context) error {
 // Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
 	return f.release(ctx, func() error {
-		sess := f.c.opens.remove(f.ino, f.session)
-		if f.c.dropUnregistered(f) {
+		c := f.c
+		c.opens.replayMu.RLock() // from the count's drop until queued or sent (replay.go)
+		defer c.opens.replayMu.RUnlock()
+		sess := c.opens.remove(f.ino, f.session)
+		if c.dropUnregistered(f) {
 			return nil // the meta service has no open record of it
 		}
-		return f.c.releaseLater(ctx, f.ino, sess)
+		return c.releaseLater(ctx, f.ino, sess)
 	})
 }
 
@@ -278,11 +281,14 @@ func (f *File) Release(ctx context.Context) error {
 // returns.
 func (f *File) ReleaseNow(ctx context.Context) error {
 	return f.release(ctx, func() error {
-		sess := f.c.opens.remove(f.ino, f.session)
-		if f.c.dropUnregistered(f) {
+		c := f.c
+		c.opens.replayMu.RLock() // from the count's drop until sent (replay.go)
+		defer c.opens.replayMu.RUnlock()
+		sess := c.opens.remove(f.ino, f.session)
+		if c.dropUnregistered(f) {
 			return nil
 		}
-		return f.c.sendRelease(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: sess})
+		return c.sendReleaseLocked(ctx, &weftv1.ReleaseRequest{Ino: f.ino, Session: sess})
 	})
 }
 

@@ -47,13 +47,14 @@ type releaser struct {
 
 // releaseLater queues the meta release of ino by session, or sends it now
 // when the queue is full or closed. Errors of a queued release are logged.
+// Called with c.opens.replayMu held shared.
 func (c *Client) releaseLater(ctx context.Context, ino uint64, session string) error {
 	req := &weftv1.ReleaseRequest{Ino: ino, Session: session}
 	r := &c.rel
 	r.mu.Lock()
 	if r.closed || len(r.queue) >= releaseQueue {
 		r.mu.Unlock()
-		return c.sendRelease(ctx, req)
+		return c.sendReleaseLocked(ctx, req)
 	}
 	if !r.started {
 		r.started = true
@@ -70,11 +71,9 @@ func (c *Client) releaseLater(ctx context.Context, ino uint64, session string) e
 	return nil
 }
 
-// sendRelease sends one release with the meta service. No replay runs
-// meanwhile (replay.go).
-func (c *Client) sendRelease(ctx context.Context, req *weftv1.ReleaseRequest) error {
-	c.opens.replayMu.RLock()
-	defer c.opens.replayMu.RUnlock()
+// sendReleaseLocked sends one release with the meta service. Called with
+// c.opens.replayMu held shared, so no replay runs meanwhile (replay.go).
+func (c *Client) sendReleaseLocked(ctx context.Context, req *weftv1.ReleaseRequest) error {
 	c.countMeta()
 	if _, err := c.meta.Release(ctx, req); err != nil {
 		if len(req.MoreInos) > 0 {
@@ -100,11 +99,22 @@ func (c *Client) releaseWorker() {
 			r.mu.Unlock()
 			return
 		}
+		r.mu.Unlock()
+		// A release is counted by a replay while queued, so it is taken
+		// from the queue and sent with no replay in between (replay.go).
+		c.opens.replayMu.RLock()
+		r.mu.Lock()
+		if len(r.queue) == 0 {
+			r.mu.Unlock()
+			c.opens.replayMu.RUnlock()
+			continue
+		}
 		req := r.takeBatchLocked()
 		r.busy++
 		r.mu.Unlock()
 
 		c.releaseWithRetry(req)
+		c.opens.replayMu.RUnlock()
 
 		r.mu.Lock()
 		r.busy--
@@ -138,12 +148,13 @@ func (r *releaser) takeBatchLocked() *weftv1.ReleaseRequest {
 }
 
 // releaseWithRetry sends req, retrying transient errors for a while.
+// Called with c.opens.replayMu held shared.
 func (c *Client) releaseWithRetry(req *weftv1.ReleaseRequest) {
 	deadline := time.Now().Add(releaseRetryFor)
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithDeadline(withBackground(c.rel.ctx), deadline)
-		err := c.sendRelease(ctx, req)
+		err := c.sendReleaseLocked(ctx, req)
 		cancel()
 		if err == nil {
 			return

@@ -18,11 +18,13 @@ import (
 // out of reach) it sends them with the new session, so its open files
 // stay protected from deletion by another client's unlink.
 //
-// A replay must see every open the meta service acknowledged and no
-// release it already applied, or a file would lose its record or keep
-// one nobody releases: opens hold replayMu shared from their call until
-// the file is counted, releases from the count's drop until their call
-// is answered, and a replay holds it alone.
+// The list a replay sends is complete (the meta service sets the
+// session's records to it), so it must count every open the meta service
+// acknowledged and every release it has not applied, queued ones
+// included, or a file would lose its record or keep one nobody releases:
+// opens hold replayMu shared from their call until the file is counted,
+// releases from the count's drop until they are queued or their call is
+// answered (queued ones while sent), and a replay holds it alone.
 
 // openTable counts the files the client has open with the meta service.
 type openTable struct {
@@ -65,13 +67,39 @@ func (t *openTable) remove(ino uint64, sess string) string {
 	return sess
 }
 
-// snapshot returns the counts, for a replay.
-func (t *openTable) snapshot() []*weftv1.OpenCount {
+// snapshot returns the counts with queued, the releases not sent yet,
+// added, for a replay. Called with replayMu held.
+func (t *openTable) snapshot(queued map[uint64]uint32) []*weftv1.OpenCount {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*weftv1.OpenCount, 0, len(t.n))
+	counts := make(map[uint64]uint32, len(t.n)+len(queued))
 	for ino, n := range t.n {
+		counts[ino] += n
+	}
+	for ino, n := range queued {
+		counts[ino] += n
+	}
+	out := make([]*weftv1.OpenCount, 0, len(counts))
+	for ino, n := range counts {
 		out = append(out, &weftv1.OpenCount{Ino: ino, Count: n})
+	}
+	return out
+}
+
+// queuedReleases counts the releases of session sess waiting in the
+// queue, by inode.
+func (c *Client) queuedReleases(sess string) map[uint64]uint32 {
+	r := &c.rel
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[uint64]uint32)
+	for _, q := range r.queue {
+		if q.Session == sess {
+			out[q.Ino]++
+			for _, ino := range q.MoreInos {
+				out[ino]++
+			}
+		}
 	}
 	return out
 }
@@ -104,8 +132,8 @@ func (c *Client) OpenFiles() int {
 func (c *Client) replayOpens(ctx context.Context, sess, epoch string) error {
 	c.opens.replayMu.Lock()
 	defer c.opens.replayMu.Unlock()
-	reopen := c.opens.snapshot()
-	resp, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess, Reopen: reopen})
+	reopen := c.opens.snapshot(c.queuedReleases(sess))
+	resp, err := c.meta.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: sess, Reopen: reopen, Replay: true})
 	if err != nil {
 		return err
 	}

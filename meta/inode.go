@@ -19,6 +19,9 @@ type tx struct {
 	// grace: opens lost in a crash may still be replayed (replay.go), so
 	// a file nobody is known to have open is kept as an orphan.
 	grace bool
+	// lazy: the transaction commits unsynced, so it must delete no file
+	// (it fails with errNeedsSync instead).
+	lazy bool
 }
 
 // inode reads inode ino; ENOENT if it does not exist.

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 
@@ -90,22 +91,34 @@ func (x *tx) recordNewOpen(session string, ino uint64, op string) error {
 
 // Release drops one open of the inode by the session. The last release of
 // an orphan deletes it. Releasing what is not open is not an error (a
-// release may be retried).
+// release may be retried). Like an open, a release that deletes nothing
+// commits lazily when the engine allows it (replay.go).
 func (s *Service) Release(ctx context.Context, req *weftv1.ReleaseRequest) (*weftv1.ReleaseResponse, error) {
 	if len(req.MoreInos) > maxReleaseBatch {
 		return nil, fserr.Wrap(syscall.EINVAL, "release of %d files in one call: at most %d", len(req.MoreInos)+1, maxReleaseBatch+1)
 	}
-	err := s.update(ctx, func(x *tx) error {
-		if err := x.release(req.Session, req.Ino); err != nil {
-			return err
-		}
-		for _, ino := range req.MoreInos {
-			if err := x.release(req.Session, ino); err != nil {
+	fn := func(lazy bool) func(x *tx) error {
+		return func(x *tx) error {
+			x.lazy = lazy
+			if err := x.release(req.Session, req.Ino); err != nil {
 				return err
 			}
+			for _, ino := range req.MoreInos {
+				if err := x.release(req.Session, ino); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		return nil
-	})
+	}
+	var err error
+	if s.epoch != "" {
+		// Lazily, as the opens (replay.go), unless it deletes a file.
+		err = s.update(kv.Lazy(ctx), fn(true))
+	}
+	if s.epoch == "" || errors.Is(err, errNeedsSync) {
+		err = s.update(ctx, fn(false))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +156,9 @@ func (x *tx) dropOpen(session string, ino uint64) error {
 	open, err := x.isOpen(ino)
 	if err != nil || open {
 		return err
+	}
+	if x.lazy {
+		return errNeedsSync
 	}
 	a, err := x.inode(ino, "release")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -36,6 +37,10 @@ import (
 //     period ends, the orphans still nobody has open are deleted.
 //
 // Everything else that changes the namespace is synced as before.
+
+// errNeedsSync fails a lazy transaction that would delete a file: it is
+// run again synced.
+var errNeedsSync = errors.New("meta: transaction must be synced")
 
 // defaultGraceLeases is Config.OpenGrace's default in session leases.
 const defaultGraceLeases = 1.5
@@ -195,10 +200,37 @@ func (x *tx) removeIfUnused(ino uint64) (bool, error) {
 	return true, x.removeInode(a)
 }
 
-// reopen raises session's open records to the counts a client replays.
-// Files that no longer exist are skipped (they were deleted before the
-// client said it has them open: nothing is left to keep).
+// reopen makes session's open records what a client replays: the
+// complete list of the files it has open in the session, with counts
+// (releases it has queued included). Each listed file's record is set to
+// its count; the session's records of files not listed are dropped as a
+// release would (a release a crash lost). Files that no longer exist are
+// skipped (they were deleted before the client said it has them open:
+// nothing is left to keep).
 func (x *tx) reopen(session string, opens []*weftv1.OpenCount) error {
+	listed := make(map[uint64]bool, len(opens))
+	for _, o := range opens {
+		if o.GetCount() > 0 {
+			listed[o.Ino] = true
+		}
+	}
+	var stale []uint64
+	prefix := sessionOpensPrefix(session)
+	err := x.t.Scan(prefix, kv.PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
+		ino, err := inoFromKeySuffix(k)
+		if err == nil && !listed[ino] {
+			stale = append(stale, ino)
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, ino := range stale {
+		if err := x.dropOpen(session, ino); err != nil {
+			return err
+		}
+	}
 	for _, o := range opens {
 		if o.GetCount() == 0 {
 			continue
@@ -209,15 +241,7 @@ func (x *tx) reopen(session string, opens []*weftv1.OpenCount) error {
 			}
 			continue
 		}
-		k := openKey(o.Ino, session)
-		n, err := getUint64(x.t, k)
-		if err != nil {
-			return err
-		}
-		if n >= uint64(o.Count) {
-			continue
-		}
-		if err := x.t.Set(k, be64(uint64(o.Count))); err != nil {
+		if err := x.t.Set(openKey(o.Ino, session), be64(uint64(o.Count))); err != nil {
 			return err
 		}
 		if err := x.t.Set(sessionOpenKey(session, o.Ino), nil); err != nil {

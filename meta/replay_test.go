@@ -124,31 +124,40 @@ func TestGraceOnlyAfterCrash(t *testing.T) {
 	}
 }
 
-// A replay raises a session's open records to the counts it sends, never
-// lowers one, and skips files that no longer exist.
-func TestReplayRaisesOpenCounts(t *testing.T) {
+// A replay sets a session's open records to the counts it sends (up or
+// down), drops the session's records of files it does not list, and
+// skips files that no longer exist.
+func TestReplaySetsOpenCounts(t *testing.T) {
 	e := newEnv(t)
 	sess := e.session("h")
 	f := e.create(root, rootIno, "f", 0o644)
 	g := e.create(root, rootIno, "g", 0o644)
-	for range 3 {
-		if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: g.Ino, Flags: syscall.O_RDONLY, Session: sess}); err != nil {
+	h := e.create(root, rootIno, "h", 0o644)
+	for _, ino := range []uint64{g.Ino, g.Ino, g.Ino, h.Ino} {
+		if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: ino, Flags: syscall.O_RDONLY, Session: sess}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	const missing = 1 << 40
-	_, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: sess, Reopen: []*weftv1.OpenCount{
+	if _, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: sess}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.openCount(h.Ino, sess); got != 1 {
+		t.Fatalf("a renewal without a replay changed an open count: %d, want 1", got)
+	}
+	_, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: sess, Replay: true, Reopen: []*weftv1.OpenCount{
 		{Ino: f.Ino, Count: 2}, {Ino: g.Ino, Count: 1}, {Ino: missing, Count: 1},
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
+		name string
 		ino  uint64
 		want uint64
-	}{{f.Ino, 2}, {g.Ino, 3}, {missing, 0}} {
+	}{{"raised", f.Ino, 2}, {"lowered", g.Ino, 1}, {"not listed", h.Ino, 0}, {"missing", missing, 0}} {
 		if got := e.openCount(c.ino, sess); got != c.want {
-			t.Errorf("inode %d: open count %d, want %d", c.ino, got, c.want)
+			t.Errorf("%s (inode %d): open count %d, want %d", c.name, c.ino, got, c.want)
 		}
 	}
 	// A new session can take over the opens of one that expired.
@@ -158,6 +167,41 @@ func TestReplayRaisesOpenCounts(t *testing.T) {
 	}
 	if got := e.openCount(f.Ino, r.Session); got != 1 {
 		t.Errorf("new session: open count %d, want 1", got)
+	}
+}
+
+// A release commits lazily, unless it deletes a file (the last release
+// of an orphan): that one syncs.
+func TestReleaseSyncsOnlyWhenItDeletes(t *testing.T) {
+	e := newEnv(t)
+	sess := e.session("h")
+	a := e.create(root, rootIno, "f", 0o644)
+	open := func() {
+		if _, err := e.s.Open(e.ctx, &weftv1.OpenRequest{Caller: root, Ino: a.Ino, Flags: syscall.O_RDONLY, Session: sess}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := func() (lazy bool) {
+		before := e.lazyGroups()
+		if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: a.Ino, Session: sess}); err != nil {
+			t.Fatal(err)
+		}
+		return e.lazyGroups() > before
+	}
+	open()
+	open()
+	if !release() {
+		t.Error("a release that deletes nothing synced")
+	}
+	if err := e.unlink(root, rootIno, "f"); err != nil {
+		t.Fatal(err)
+	}
+	gc := e.gcPending()
+	if release() {
+		t.Error("the last release of an orphan, which deletes it, committed lazily")
+	}
+	if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: a.Ino}); errnoOf(t, err) != syscall.ENOENT || e.gcPending() != gc+1 {
+		t.Errorf("the orphan after its last release: %v, GC queue %d to %d", err, gc, e.gcPending())
 	}
 }
 
@@ -196,7 +240,7 @@ func TestGraceKeepsFilesUntilReplayed(t *testing.T) {
 	if _, err := e.s.Release(e.ctx, &weftv1.ReleaseRequest{Ino: files["released"].Ino, Session: other}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: reader, Reopen: []*weftv1.OpenCount{
+	if _, err := e.s.RenewSession(e.ctx, &weftv1.RenewSessionRequest{Session: reader, Replay: true, Reopen: []*weftv1.OpenCount{
 		{Ino: files["replayed"].Ino, Count: 1},
 	}}); err != nil {
 		t.Fatal(err)

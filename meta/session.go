@@ -137,12 +137,15 @@ func (s *Service) RenewSession(ctx context.Context, req *weftv1.RenewSessionRequ
 		if err := x.putSession(req.Session, rec); err != nil {
 			return err
 		}
+		if !req.Replay {
+			return nil
+		}
 		return x.reopen(req.Session, req.Reopen)
 	})
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Reopen) > 0 {
+	if req.Replay {
 		s.log.Info("client replayed its open files", "session", req.Session, "files", len(req.Reopen))
 	}
 	return &weftv1.RenewSessionResponse{WireAddress: s.wireAddress(), Epoch: s.epoch}, nil

@@ -3561,11 +3561,15 @@ func (x *OpenSessionResponse) GetEpoch() string {
 type RenewSessionRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// Files the client has open, with how many times: each open record of
-	// the session is raised to at least that count (none is lowered). Sent
-	// after the meta service's epoch changed, so opens a crash lost are
-	// recorded again.
-	Reopen        []*OpenCount `protobuf:"bytes,2,rep,name=reopen,proto3" json:"reopen,omitempty"`
+	// Files the client has open in the session, with how many times (the
+	// releases it has not sent yet included): the complete list. Each open
+	// record of the session is set to its count, and the session's records
+	// of files not listed are dropped as releases. Sent after the meta
+	// service's epoch changed, so opens and releases a crash lost are
+	// recorded again. Only with replay set.
+	Reopen []*OpenCount `protobuf:"bytes,2,rep,name=reopen,proto3" json:"reopen,omitempty"`
+	// reopen is the session's complete list of opens (possibly empty).
+	Replay        bool `protobuf:"varint,3,opt,name=replay,proto3" json:"replay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3612,6 +3616,13 @@ func (x *RenewSessionRequest) GetReopen() []*OpenCount {
 		return x.Reopen
 	}
 	return nil
+}
+
+func (x *RenewSessionRequest) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
 }
 
 type RenewSessionResponse struct {
@@ -6611,10 +6622,11 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\blease_ms\x18\x02 \x01(\x03R\aleaseMs\x12%\n" +
 	"\x0emeta_addresses\x18\x03 \x03(\tR\rmetaAddresses\x12!\n" +
 	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\x12\x14\n" +
-	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"[\n" +
+	"\x05epoch\x18\x05 \x01(\tR\x05epoch\"s\n" +
 	"\x13RenewSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12*\n" +
-	"\x06reopen\x18\x02 \x03(\v2\x12.weft.v1.OpenCountR\x06reopen\"v\n" +
+	"\x06reopen\x18\x02 \x03(\v2\x12.weft.v1.OpenCountR\x06reopen\x12\x16\n" +
+	"\x06replay\x18\x03 \x01(\bR\x06replay\"v\n" +
 	"\x14RenewSessionResponse\x12%\n" +
 	"\x0emeta_addresses\x18\x01 \x03(\tR\rmetaAddresses\x12!\n" +
 	"\fwire_address\x18\x02 \x01(\tR\vwireAddress\x12\x14\n" +
