@@ -65,6 +65,9 @@ func (f *fscker) verifyNameless(x *tx, repair bool, ino uint64) (*weftv1.FsckPro
 	if err != nil {
 		return nil, err
 	}
+	if orphan && a.Nlink == 0 && !isDir(a.Mode) && x.grace {
+		return nil, nil // kept until its opener replays it or the grace period ends (replay.go)
+	}
 	if orphan && a.Nlink == 0 && !isDir(a.Mode) {
 		var sessions []string
 		prefix := openPrefix(ino)

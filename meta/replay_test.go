@@ -250,6 +250,15 @@ func TestGraceKeepsFilesUntilReplayed(t *testing.T) {
 			t.Errorf("%s was deleted in the grace period: %v", name, err)
 		}
 	}
+	// fsck --repair leaves them alone too: they are not stray orphans yet.
+	if _, err := e.s.Fsck(e.ctx, &weftv1.FsckRequest{Repair: true}); err != nil {
+		t.Fatal(err)
+	}
+	for name, a := range files {
+		if _, err := e.s.GetAttr(e.ctx, &weftv1.GetAttrRequest{Ino: a.Ino}); err != nil {
+			t.Errorf("fsck deleted %s in the grace period: %v", name, err)
+		}
+	}
 	gcBefore := e.gcPending()
 	e.s.now = func() time.Time { return time.Now().Add(2 * time.Hour) } // the grace period is over
 	n, err := e.s.sweepOrphans(e.ctx)

@@ -386,5 +386,5 @@ func (s *Service) update(ctx context.Context, fn func(x *tx) error) error {
 // view runs fn in a read-only snapshot.
 func (s *Service) view(ctx context.Context, fn func(x *tx) error) error {
 	now := s.now().UnixNano()
-	return s.eng.View(ctx, func(t kv.Txn) error { return fn(&tx{t: t, now: now}) })
+	return s.eng.View(ctx, func(t kv.Txn) error { return fn(&tx{t: t, now: now, grace: now < s.graceUntil}) })
 }
