@@ -26,6 +26,11 @@ const (
 	releaseRetryFor = 2 * time.Minute
 	// releaseDrainFor bounds how long Close waits for queued releases.
 	releaseDrainFor = 30 * time.Second
+	// releaseLinger is how long a worker that found releases queued
+	// waits for more before it sends them in one call: a process that
+	// opens and closes files one after another (a build, a scan of small
+	// files) would otherwise cost the meta service one call per close.
+	releaseLinger = 2 * time.Millisecond
 )
 
 // releaser sends the meta service's Release calls of closed files in the
@@ -99,7 +104,11 @@ func (c *Client) releaseWorker() {
 			r.mu.Unlock()
 			return
 		}
+		linger := !r.closed && len(r.queue) < releaseBatch
 		r.mu.Unlock()
+		if linger {
+			time.Sleep(releaseLinger)
+		}
 		// A release is counted by a replay while queued, so it is taken
 		// from the queue and sent with no replay in between (replay.go).
 		c.opens.replayMu.RLock()

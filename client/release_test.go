@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path/filepath"
 	"strings"
@@ -186,5 +187,41 @@ func TestReleaseBatches(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Files opened and closed one after another have their releases sent
+// together: a worker lingers briefly for more before it sends.
+func TestReleasesOfSuccessiveClosesGoTogether(t *testing.T) {
+	tc := startCluster(t, smallStripes(), 1)
+	ctx := context.Background()
+	c := newTestClient(t, tc.metaAddr, Config{})
+	const n = 20
+	inos := make([]uint64, n)
+	for i := range inos {
+		f := create(t, c, "f"+itoa(i), syscall.O_WRONLY)
+		inos[i] = f.Ino()
+		if err := f.ReleaseNow(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent, calls := c.ReleasesSent(), c.MetaCalls()
+	for _, ino := range inos {
+		f, _, err := c.Open(ctx, root, ino, syscall.O_RDONLY)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every release sent", func() error {
+		if got := c.ReleasesSent() - sent; got < n {
+			return fmt.Errorf("%d of %d sent", got, n)
+		}
+		return nil
+	})
+	if releases := c.MetaCalls() - calls - n; releases > n/2 {
+		t.Errorf("%d release calls for %d files closed one after another, want at most %d", releases, n, n/2)
 	}
 }
