@@ -32,8 +32,9 @@ func create(t *testing.T, c *Client, name string, flags uint32) *File {
 	return f
 }
 
-// writeFile creates name holding data and closes it.
-func writeFile(t *testing.T, c *Client, name string, data []byte) {
+// writeFile creates name holding data and closes it; it returns the
+// closed file (for its inode and layout).
+func writeFile(t *testing.T, c *Client, name string, data []byte) *File {
 	t.Helper()
 	ctx := context.Background()
 	f := create(t, c, name, syscall.O_WRONLY)
@@ -43,6 +44,7 @@ func writeFile(t *testing.T, c *Client, name string, data []byte) {
 	if err := f.Release(ctx); err != nil {
 		t.Fatalf("close %s: %v", name, err)
 	}
+	return f
 }
 
 func open(t *testing.T, c *Client, name string, flags uint32) (*File, *weftv1.Attr) {

@@ -67,6 +67,31 @@ func dropCached(t *testing.T, files []string) {
 	}
 }
 
+// startDiskCluster starts a cluster of nData data servers whose files
+// stripe over all of them in chunks of chunkSize, or skips the test when
+// their directories are on a tmpfs (nothing is read from a disk there).
+func startDiskCluster(t *testing.T, chunkSize uint32, nData int) *testCluster {
+	t.Helper()
+	tc := startCluster(t, &weftv1.Layout{ChunkSize: chunkSize, StripeCount: uint32(nData), Replicas: 1}, nData)
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(tc.dataDirs[0], &sfs); err != nil {
+		t.Fatal(err)
+	}
+	if sfs.Type == unix.TMPFS_MAGIC {
+		t.Skip("the data servers' directories are on a tmpfs: nothing is read from a disk")
+	}
+	return tc
+}
+
+// testPattern returns n bytes that differ from page to page.
+func testPattern(n int) []byte {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i>>12 + i)
+	}
+	return data
+}
+
 // A reader in place has the data servers' files prefetched into the page
 // cache ahead of it only as far as its read-ahead window reaches (to the
 // end of the chunk it ends in): a sequential reader gets the file ahead
@@ -74,22 +99,11 @@ func dropCached(t *testing.T, files []string) {
 // read the halves it skips (the over-read a fixed read-ahead causes).
 func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 	const chunk = 1 << 20
-	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
-	tc := startCluster(t, layout, 2)
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(tc.dataDirs[0], &sfs); err != nil {
-		t.Fatal(err)
-	}
-	if sfs.Type == unix.TMPFS_MAGIC {
-		t.Skip("the data servers' directories are on a tmpfs: nothing to prefetch")
-	}
+	tc := startDiskCluster(t, chunk, 2)
 	ctx := context.Background()
 	c := newTestClient(t, tc.metaAddr, Config{})
 	const size = 64 << 20
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i>>12 + i)
-	}
+	data := testPattern(size)
 	for _, tt := range []struct {
 		name     string
 		run, gap int // bytes read, then skipped
@@ -104,13 +118,7 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 		{"half of each 8 MiB record", 4 << 20, 4 << 20, (size/(8<<20)*(5<<20) + 2<<20) / float64(size), 0.5},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := create(t, c, tt.name, syscall.O_RDWR)
-			if _, err := f.WriteAt(ctx, data, 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
+			f := writeFile(t, c, tt.name, data)
 			var files []string
 			for idx := uint64(0); idx < size/chunk; idx++ {
 				files = append(files, tc.chunkPath(tc.members(chainFor(f.in.layout, idx))[0], f.Ino(), idx))
@@ -148,21 +156,10 @@ func TestReadInPlacePrefetchFollowsWindow(t *testing.T) {
 // its checksums; a small random read does not.
 func TestReadInPlaceOpenReadsInTheFirstSpan(t *testing.T) {
 	const chunk = 1 << 20
-	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 1, Replicas: 1}
-	tc := startCluster(t, layout, 1)
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(tc.dataDirs[0], &sfs); err != nil {
-		t.Fatal(err)
-	}
-	if sfs.Type == unix.TMPFS_MAGIC {
-		t.Skip("the data server's directory is on a tmpfs: nothing to read in")
-	}
+	tc := startDiskCluster(t, chunk, 1)
 	ctx := context.Background()
 	c := newTestClient(t, tc.metaAddr, Config{})
-	data := make([]byte, chunk)
-	for i := range data {
-		data[i] = byte(i>>12 + i)
-	}
+	data := testPattern(chunk)
 	for _, tt := range []struct {
 		name   string
 		off, n int
@@ -172,13 +169,7 @@ func TestReadInPlaceOpenReadsInTheFirstSpan(t *testing.T) {
 		{"8 KiB", 512 << 10, 8 << 10, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := create(t, c, tt.name, syscall.O_RDWR)
-			if _, err := f.WriteAt(ctx, data, 0); err != nil {
-				t.Fatal(err)
-			}
-			if err := f.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
+			f := writeFile(t, c, tt.name, data)
 			files := []string{tc.chunkPath(tc.members(chainFor(f.in.layout, 0))[0], f.Ino(), 0)}
 			dropCached(t, files)
 			if s := cachedShare(t, files); s > 0.1 {

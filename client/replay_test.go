@@ -45,7 +45,7 @@ func TestOpensReplayedAfterMetaCrash(t *testing.T) {
 		if _, err := f.WriteAt(ctx, data, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := f.ReleaseNow(ctx); err != nil {
+		if err := f.ReleaseNow(ctx); err != nil { // its open record gone before the counts below
 			t.Fatal(err)
 		}
 	}
