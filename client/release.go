@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -44,6 +45,7 @@ type releaser struct {
 	started bool          // workers running
 	closed  bool          // Close began: no more queueing
 	sent    atomic.Uint64 // files released with the meta service
+	linger  time.Duration // releaseLinger; tests set it longer
 
 	// ctx ends when Close stops waiting for the releases.
 	ctx    context.Context
@@ -104,11 +106,12 @@ func (c *Client) releaseWorker() {
 			r.mu.Unlock()
 			return
 		}
-		linger := !r.closed && len(r.queue) < releaseBatch
-		r.mu.Unlock()
-		if linger {
-			time.Sleep(releaseLinger)
+		linger := time.Duration(0)
+		if !r.closed && len(r.queue) < releaseBatch {
+			linger = cmp.Or(r.linger, releaseLinger)
 		}
+		r.mu.Unlock()
+		time.Sleep(linger)
 		// A release is counted by a replay while queued, so it is taken
 		// from the queue and sent with no replay in between (replay.go).
 		c.opens.replayMu.RLock()

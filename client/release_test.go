@@ -205,6 +205,11 @@ func TestReleasesOfSuccessiveClosesGoTogether(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Long enough that the opens in between fit, however loaded the
+	// machine running the test is.
+	c.rel.mu.Lock()
+	c.rel.linger = 500 * time.Millisecond
+	c.rel.mu.Unlock()
 	sent, calls := c.ReleasesSent(), c.MetaCalls()
 	for _, ino := range inos {
 		f, _, err := c.Open(ctx, root, ino, syscall.O_RDONLY)
@@ -221,7 +226,7 @@ func TestReleasesOfSuccessiveClosesGoTogether(t *testing.T) {
 		}
 		return nil
 	})
-	if releases := c.MetaCalls() - calls - n; releases > n/2 {
-		t.Errorf("%d release calls for %d files closed one after another, want at most %d", releases, n, n/2)
+	if releases := c.MetaCalls() - calls - n; releases > 2 {
+		t.Errorf("%d release calls for %d files closed one after another, want at most 2", releases, n)
 	}
 }
