@@ -117,6 +117,13 @@ func TestGraceOnlyAfterCrash(t *testing.T) {
 		if got := e.s.graceUntil > time.Now().UnixNano(); got != st.grace {
 			t.Errorf("%s: grace period %v, want %v", st.name, got, st.grace)
 		}
+		status, err := e.s.Status(e.ctx, &weftv1.StatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := status.OpenGraceLeftMs > 0; got != st.grace {
+			t.Errorf("%s: status says %d ms of grace left, want some: %v", st.name, status.OpenGraceLeftMs, st.grace)
+		}
 		if e.s.epoch == "" || seen[e.s.epoch] {
 			t.Errorf("%s: epoch %q is empty or not new", st.name, e.s.epoch)
 		}

@@ -53,6 +53,9 @@ func (s *Service) Status(ctx context.Context, _ *weftv1.StatusRequest) (*weftv1.
 	if h.SyncETA < 0 {
 		resp.SyncEtaMs = -1 // bytes are left but the rate is not known yet
 	}
+	if left := time.Unix(0, s.graceUntil).Sub(s.now()); s.graceUntil > 0 && left > 0 {
+		resp.OpenGraceLeftMs = max(left.Milliseconds(), 1)
+	}
 	err := s.view(ctx, func(x *tx) error {
 		n, err := readCounts(x.t)
 		if err != nil {

@@ -214,6 +214,10 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 	fmt.Fprintf(w, "  directories:  %d\n", st.GetDirectories())
 	fmt.Fprintf(w, "  sessions:     %d\n", st.GetSessions())
 	fmt.Fprintf(w, "  gc pending:   %d\n", st.GetGcPending())
+	if ms := st.GetOpenGraceLeftMs(); ms > 0 {
+		fmt.Fprintf(w, "  open grace:   %s left (the meta service did not stop cleanly: unlinked files are kept until clients have replayed their opens)\n",
+			(time.Duration(ms) * time.Millisecond).Round(time.Second))
+	}
 	fmt.Fprintf(w, "  default layout: %s\n", layoutString(st.GetDefaultLayout()))
 	writeSessionList(w, st)
 }
@@ -236,6 +240,7 @@ type statusJSON struct {
 	Directories   uint64       `json:"directories"`
 	Sessions      uint64       `json:"sessions"`
 	GCPending     uint64       `json:"gc_pending"`
+	OpenGraceMs   int64        `json:"open_grace_left_ms,omitempty"`
 	DefaultLayout *layoutJSON  `json:"default_layout,omitempty"`
 	// ChainSummaries counts the chains of each replica count by health.
 	ChainSummaries []chainSummaryJSON `json:"chain_summaries"`
@@ -321,7 +326,7 @@ func writeStatusJSON(w io.Writer, addr string, st *weftv1.StatusResponse) error 
 		ClusterID: st.GetClusterId(), Engine: st.GetEngine(), MetaAddress: addr,
 		ServersOnline: onlineCount(st), ServersTotal: len(st.GetServers()), Servers: []serverJSON{},
 		Chains: st.GetChains(), TotalBytes: st.GetTotalBytes(), FreeBytes: st.GetFreeBytes(), UsedBytes: st.GetUsedBytes(),
-		Files: st.GetFiles(), Directories: st.GetDirectories(), Sessions: st.GetSessions(), GCPending: st.GetGcPending(),
+		Files: st.GetFiles(), Directories: st.GetDirectories(), Sessions: st.GetSessions(), GCPending: st.GetGcPending(), OpenGraceMs: st.GetOpenGraceLeftMs(),
 		DefaultLayout:  toLayoutJSON(st.GetDefaultLayout()),
 		ChainSummaries: []chainSummaryJSON{}, SyncBytesLeft: st.GetSyncBytesLeft(), SyncETAMs: st.GetSyncEtaMs(),
 		Warnings: append([]string{}, st.GetWarnings()...), ChainList: []chainJSON{},

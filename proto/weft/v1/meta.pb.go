@@ -5092,10 +5092,14 @@ type StatusResponse struct {
 	Warnings  []string `protobuf:"bytes,16,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	ChainList []*Chain `protobuf:"bytes,17,rep,name=chain_list,json=chainList,proto3" json:"chain_list,omitempty"`
 	// Client sessions (mounts) and meta servers of the cluster.
-	SessionList   []*SessionStatus    `protobuf:"bytes,18,rep,name=session_list,json=sessionList,proto3" json:"session_list,omitempty"`
-	MetaServers   []*MetaServerStatus `protobuf:"bytes,19,rep,name=meta_servers,json=metaServers,proto3" json:"meta_servers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionList []*SessionStatus    `protobuf:"bytes,18,rep,name=session_list,json=sessionList,proto3" json:"session_list,omitempty"`
+	MetaServers []*MetaServerStatus `protobuf:"bytes,19,rep,name=meta_servers,json=metaServers,proto3" json:"meta_servers,omitempty"`
+	// Time left of the grace period after a crash of the meta service, in
+	// which unlinked files are kept until clients have replayed their opens
+	// (0: none).
+	OpenGraceLeftMs int64 `protobuf:"varint,20,opt,name=open_grace_left_ms,json=openGraceLeftMs,proto3" json:"open_grace_left_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -5259,6 +5263,13 @@ func (x *StatusResponse) GetMetaServers() []*MetaServerStatus {
 		return x.MetaServers
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetOpenGraceLeftMs() int64 {
+	if x != nil {
+		return x.OpenGraceLeftMs
+	}
+	return 0
 }
 
 // SessionStatus describes one client session (a mount).
@@ -6742,7 +6753,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x0escrub_repaired\x18\n" +
 	" \x01(\x04R\rscrubRepaired\x12\x18\n" +
 	"\aremoved\x18\v \x01(\bR\aremoved\"\x0f\n" +
-	"\rStatusRequest\"\xe6\x05\n" +
+	"\rStatusRequest\"\x93\x06\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x16\n" +
@@ -6769,7 +6780,8 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"chain_list\x18\x11 \x03(\v2\x0e.weft.v1.ChainR\tchainList\x129\n" +
 	"\fsession_list\x18\x12 \x03(\v2\x16.weft.v1.SessionStatusR\vsessionList\x12<\n" +
-	"\fmeta_servers\x18\x13 \x03(\v2\x19.weft.v1.MetaServerStatusR\vmetaServers\"\xc7\x01\n" +
+	"\fmeta_servers\x18\x13 \x03(\v2\x19.weft.v1.MetaServerStatusR\vmetaServers\x12+\n" +
+	"\x12open_grace_left_ms\x18\x14 \x01(\x03R\x0fopenGraceLeftMs\"\xc7\x01\n" +
 	"\rSessionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x1f\n" +
