@@ -48,6 +48,27 @@ var batchable = func() map[string]grpc.MethodDesc {
 	return out
 }()
 
+// quickMethods are the batchable calls that answer at once on the
+// embedded engine: reads of the namespace, which wait for nothing but a
+// recall of a delegation (and say so: wire.WillBlock).
+var quickMethods = map[string]bool{"Lookup": true, "GetAttr": true, "Readlink": true, "Access": true,
+	"GetXattr": true, "ListXattr": true}
+
+// QuickBatch reports whether every call of req is one that answers at
+// once (wire.QuickBatcher): the lean path then serves it on the goroutine
+// that read it. Never on an engine that commits over the network (etcd).
+func (s *Service) QuickBatch(req *weftv1.BatchRequest) bool {
+	if s.epoch == "" {
+		return false
+	}
+	for _, c := range req.Calls {
+		if !quickMethods[c.Method] {
+			return false
+		}
+	}
+	return len(req.Calls) > 0
+}
+
 // Batch runs the calls of a batch concurrently and answers each.
 func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error) {
 	if len(req.Calls) > maxBatchCalls {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -279,6 +280,7 @@ func (s *Service) recall(ctx context.Context, dir uint64, sess string) error {
 	if wait <= 0 {
 		wait = recallWait
 	}
+	wire.WillBlock(ctx) // a call served inline lets its connection be read meanwhile
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

@@ -115,3 +115,81 @@ func TestMetaBatchRefused(t *testing.T) {
 		t.Errorf("batch to a dead address: %v, want Unavailable and ErrNotSent", err)
 	}
 }
+
+// gateBatches is a BatchHandler whose "Wait" calls block until a "Go"
+// call came (or a second passed), telling the lean path first with
+// WillBlock unless quiet; every batch is quick.
+type gateBatches struct {
+	quiet   bool
+	opened  chan struct{}
+	waiting chan struct{}
+}
+
+func (g *gateBatches) QuickBatch(*weftv1.BatchRequest) bool { return true }
+
+func (g *gateBatches) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error) {
+	resp := &weftv1.BatchResponse{}
+	for _, c := range req.Calls {
+		switch c.Method {
+		case "Wait":
+			if !g.quiet {
+				WillBlock(ctx)
+			}
+			close(g.waiting)
+			select {
+			case <-g.opened:
+			case <-time.After(time.Second):
+				return nil, status.Error(codes.DeadlineExceeded, "the Go call never came")
+			}
+		case "Go":
+			close(g.opened)
+		}
+		resp.Replies = append(resp.Replies, &weftv1.BatchReply{})
+	}
+	return resp, nil
+}
+
+// A quick batch is served on the goroutine reading its connection; one
+// that is about to wait says so (WillBlock), and the connection is read
+// on meanwhile: the call it waits for, sent on the same connection after
+// it, gets through. Without WillBlock it waits out its second.
+func TestQuickBatchThatWaitsHandsOffReading(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		quiet  bool
+		wantOK bool
+	}{
+		{"says it waits", false, true},
+		{"does not say it", true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := &gateBatches{quiet: tt.quiet, opened: make(chan struct{}), waiting: make(chan struct{})}
+			c := NewMetaClient(serveBatches(t, g, "meta-gate"))
+			ctx := context.Background()
+			waited := make(chan error, 1)
+			go func() {
+				_, err := c.Batch(ctx, &weftv1.BatchRequest{Calls: []*weftv1.BatchCall{{Method: "Wait"}}})
+				waited <- err
+			}()
+			<-g.waiting
+			goDone := make(chan error, 1)
+			go func() {
+				_, err := c.Batch(ctx, &weftv1.BatchRequest{Calls: []*weftv1.BatchCall{{Method: "Go"}}})
+				goDone <- err
+			}()
+			err := <-waited
+			if (err == nil) != tt.wantOK {
+				t.Fatalf("the waiting call: %v, want it answered: %v", err, tt.wantOK)
+			}
+			if err := <-goDone; err != nil {
+				t.Fatalf("the call it waited for: %v", err)
+			}
+			// The connection still serves quick batches in turn.
+			for range 3 {
+				if _, err := c.Batch(ctx, &weftv1.BatchRequest{Calls: []*weftv1.BatchCall{{Method: "Lookup"}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

