@@ -74,7 +74,7 @@ func TestRunEveryWorkload(t *testing.T) {
 		}
 	}
 	all := append(append([]string{}, dataWorkloads...), WSharedWrite, WFairRead, WUntar, WWalk, WTreeRemove)
-	for _, w := range []string{WMdCreate, WMdStat, WMdRead, WMdRemove, WMdMkdir, WMdRmdir} {
+	for _, w := range []string{WMdCreate, WMdStat, WMdRead, WMdSmallWrite, WMdSmallReadCold, WMdRemove, WMdMkdir, WMdRmdir} {
 		all = append(all, w, w+"-shared")
 	}
 	for _, w := range all {

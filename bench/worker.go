@@ -111,7 +111,8 @@ func prepare(t *task) (runFunc, func(), error) {
 	case WSeqWrite, WRandWrite, WSharedWrite, WSeqRead, WReRead, WRandRead, WStrided, WMixed, WFairRead:
 		return prepareData(t)
 	case WMdCreate, WMdCreateShared, WMdStat, WMdStatShared, WMdStatCold, WMdStatCold + "-shared", WMdRead, WMdReadShared,
-		WMdRemove, WMdRemoveShared, WMdMkdir, WMdMkdirShared, WMdRmdir, WMdRmdirShared:
+		WMdRemove, WMdRemoveShared, WMdMkdir, WMdMkdirShared, WMdRmdir, WMdRmdirShared,
+		WMdSmallWrite, WMdSmallWrite + "-shared", WMdSmallReadCold, WMdSmallReadCold + "-shared":
 		return prepareMeta(t)
 	case WUntar:
 		return prepareUntar(t)
@@ -258,6 +259,8 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 	}
 	buf := make([]byte, 4096)
 	st := new(unix.Statx_t)
+	var moved int64 // bytes per operation
+	var done func() // releases what the operations use
 	var op func(p cPath) error
 	switch t.Kind {
 	case WMdCreate, WMdCreateShared:
@@ -280,6 +283,62 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 			rawClose(fd)
 			return err
 		}
+	case WMdSmallWrite, WMdSmallWrite + "-shared":
+		data, release, err := alignedBuffer(smallFileBytes, t.Seed+1)
+		if err != nil {
+			return nil, nil, err
+		}
+		done = release
+		moved = smallFileBytes
+		op = func(p cPath) error {
+			fd, err := rawOpen(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				return err
+			}
+			if n, err := rawPwrite(fd, data, 0); err != nil || n != len(data) {
+				rawClose(fd)
+				return fmt.Errorf("write %d of %d bytes: %w", n, len(data), err)
+			}
+			return rawClose(fd)
+		}
+	case WMdSmallReadCold, WMdSmallReadCold + "-shared":
+		data, release, err := alignedBuffer(smallFileBytes, t.Seed+2)
+		if err != nil {
+			return nil, nil, err
+		}
+		done = release
+		moved = smallFileBytes
+		if t.Cold == "fadvise" { // without root: each file dropped by itself
+			for _, n := range names {
+				if fd, err := unix.Open(n, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+					unix.Fsync(fd)
+					unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
+					unix.Close(fd)
+				}
+			}
+		}
+		op = func(p cPath) error {
+			fd, err := rawOpen(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer rawClose(fd)
+			var got int
+			for { // to the end, as cat does
+				n, err := rawRead(fd, data)
+				if err != nil {
+					return err
+				}
+				if n == 0 {
+					break
+				}
+				got += n
+			}
+			if got != smallFileBytes {
+				return fmt.Errorf("read %d bytes of a %d-byte file", got, smallFileBytes)
+			}
+			return nil
+		}
 	case WMdRemove, WMdRemoveShared:
 		op = func(p cPath) error { return rawUnlink(p, false) }
 	case WMdMkdir, WMdMkdirShared:
@@ -290,12 +349,12 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 	run := func() (int64, int64, error) {
 		for i, p := range paths {
 			if err := op(p); err != nil {
-				return 0, int64(i), fmt.Errorf("%s %s: %w", t.Kind, names[i], err)
+				return moved * int64(i), int64(i), fmt.Errorf("%s %s: %w", t.Kind, names[i], err)
 			}
 		}
-		return 0, int64(len(names)), nil
+		return moved * int64(len(names)), int64(len(names)), nil
 	}
-	return run, nil, nil
+	return run, done, nil
 }
 
 // walk lstats every entry below dir, as du does, and counts them.

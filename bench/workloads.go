@@ -32,6 +32,15 @@ const (
 	WMdMkdirShared  = "md-mkdir-shared"
 	WMdRmdirShared  = "md-rmdir-shared"
 
+	// Small files, as many as the metadata workloads make empty ones, of
+	// smallFileBytes each (mdtest -w/-e): written whole (create, write,
+	// close) and read whole with the page cache dropped (open, read to
+	// the end, close). Files per second.
+	WMdSmallWrite    = "md-small-write"
+	WMdSmallReadCold = "md-small-read-cold"
+
+	smallFileBytes = 64 << 10
+
 	WUntar      = "untar"       // unpack a generated source tarball (entries/s)
 	WWalk       = "tree-walk"   // du-like lstat of every entry of the unpacked tree
 	WTreeRemove = "tree-remove" // rm -r of the unpacked tree
@@ -245,13 +254,21 @@ func metaSteps(cfg *Config, procs int, shared bool) []step {
 		}
 		return nil
 	}})
-	for _, w := range []string{WMdCreate, WMdStat, WMdStatCold, WMdRead, WMdRemove, WMdMkdir, WMdRmdir} {
+	for _, w := range []string{WMdCreate, WMdStat, WMdStatCold, WMdRead, WMdSmallWrite, WMdSmallReadCold, WMdRemove, WMdMkdir, WMdRmdir} {
 		kind := w + suffix
 		prefix := "f"
-		if w == WMdMkdir || w == WMdRmdir {
+		switch w {
+		case WMdMkdir, WMdRmdir:
 			prefix = "d"
+		case WMdSmallWrite, WMdSmallReadCold:
+			prefix = "s" // left for the cleanup
 		}
-		steps = append(steps, step{workload: kind, group: GroupMeta, procs: procs, files: cfg.Files, shared: shared, cold: w == WMdStatCold,
+		var record int64
+		if w == WMdSmallWrite || w == WMdSmallReadCold {
+			record = smallFileBytes
+		}
+		steps = append(steps, step{workload: kind, group: GroupMeta, procs: procs, files: cfg.Files, shared: shared,
+			cold: w == WMdStatCold || w == WMdSmallReadCold, record: record,
 			tasks: func(target string) []task {
 				ts := make([]task, procs)
 				for i := range ts {
