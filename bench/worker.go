@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -261,6 +262,14 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 	st := new(unix.Statx_t)
 	var moved int64 // bytes per operation
 	var done func() // releases what the operations use
+	var data []byte // a small file's bytes (written, or read into)
+	if strings.HasPrefix(t.Kind, WMdSmallWrite) || strings.HasPrefix(t.Kind, WMdSmallReadCold) {
+		var err error
+		if data, done, err = alignedBuffer(smallFileBytes, t.Seed+1); err != nil {
+			return nil, nil, err
+		}
+		moved = smallFileBytes
+	}
 	var op func(p cPath) error
 	switch t.Kind {
 	case WMdCreate, WMdCreateShared:
@@ -284,12 +293,6 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 			return err
 		}
 	case WMdSmallWrite, WMdSmallWrite + "-shared":
-		data, release, err := alignedBuffer(smallFileBytes, t.Seed+1)
-		if err != nil {
-			return nil, nil, err
-		}
-		done = release
-		moved = smallFileBytes
 		op = func(p cPath) error {
 			fd, err := rawOpen(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 			if err != nil {
@@ -302,12 +305,6 @@ func prepareMeta(t *task) (runFunc, func(), error) {
 			return rawClose(fd)
 		}
 	case WMdSmallReadCold, WMdSmallReadCold + "-shared":
-		data, release, err := alignedBuffer(smallFileBytes, t.Seed+2)
-		if err != nil {
-			return nil, nil, err
-		}
-		done = release
-		moved = smallFileBytes
 		if t.Cold == "fadvise" { // without root: each file dropped by itself
 			for _, n := range names {
 				if fd, err := unix.Open(n, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {

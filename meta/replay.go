@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/weft-fs/weft/meta/kv"
@@ -187,13 +188,10 @@ func (x *tx) removeIfUnused(ino uint64) (bool, error) {
 	if open, err := x.isOpen(ino); err != nil || open {
 		return false, err
 	}
-	if _, ok, err := x.t.Get(inodeKey(ino)); err != nil || !ok {
-		if err != nil {
-			return false, err
-		}
+	a, err := x.inode(ino, "delete orphan")
+	if errors.Is(err, syscall.ENOENT) {
 		return false, x.t.Delete(orphanKey(ino)) // a stray record
 	}
-	a, err := x.inode(ino, "delete orphan")
 	if err != nil || a.Nlink > 0 {
 		return false, err
 	}

@@ -469,7 +469,13 @@ func (t *Target) readInCold(f *chunkFile, lo, hi int64) {
 	if t.inMemory || readInOff.Load() {
 		return
 	}
-	read, err := pagecache.PopulateIfCold(int(f.data.Fd()), lo, hi)
+	t.populate(int(f.data.Fd()), lo, hi)
+}
+
+// populate reads bytes [lo, hi) of the file open as fd into the page
+// cache if they are cold, and counts it.
+func (t *Target) populate(fd int, lo, hi int64) {
+	read, err := pagecache.PopulateIfCold(fd, lo, hi)
 	if errors.Is(err, pagecache.ErrNoPopulate) {
 		readInOff.Store(true)
 	}
@@ -482,8 +488,8 @@ func (t *Target) readInCold(f *chunkFile, lo, hi int64) {
 // widened to whole blocks (what a reader in place reads and checks) and
 // cut at size, into the page cache in large folios if they are cold,
 // without waiting, when they are minReadIn or more or the whole chunk
-// (a small random read is left to the kernel, as in Read): a chunk opened for a reader's first read otherwise
-// goes to the disk twice in turn, for its checksums and then, once the
+// (a small random read is left to the kernel, as in Read): a chunk
+// opened for a reader's first read otherwise goes to the disk twice in turn, for its checksums and then, once the
 // client has the descriptor, for the data (one cold 1 MiB file: about
 // 0.3 ms apart). The read works on a descriptor of its own, as the
 // server closes fd once it is handed out.
@@ -500,13 +506,7 @@ func (t *Target) readInBackground(fd int, lo, hi, size int64) {
 	}
 	go func() {
 		defer unix.Close(dup)
-		read, err := pagecache.PopulateIfCold(dup, lo, hi)
-		if errors.Is(err, pagecache.ErrNoPopulate) {
-			readInOff.Store(true)
-		}
-		if read {
-			t.readIns.Add(1)
-		}
+		t.populate(dup, lo, hi)
 	}()
 }
 
