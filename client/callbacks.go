@@ -47,12 +47,19 @@ type callbackState struct {
 
 	// metaCalls counts namespace calls to the meta service.
 	metaCalls atomic.Uint64
+	// commits counts CommitWrite calls (lengths and mtimes of writes).
+	commits atomic.Uint64
 }
 
 // MetaCalls returns how many namespace calls (lookups, getattrs, listings,
 // creates, opens, releases, ...) this client has sent to the meta
 // service: a metadata read answered from a cache sends none.
 func (c *Client) MetaCalls() uint64 { return c.cb.metaCalls.Load() }
+
+// CommitsSent reports how many CommitWrite calls (a written file's length
+// and mtime) this client sent; a file made under a delegation whose
+// create was not sent yet has them stored with its create instead.
+func (c *Client) CommitsSent() uint64 { return c.cb.commits.Load() }
 
 // countMeta counts one namespace call.
 func (c *Client) countMeta() { c.cb.metaCalls.Add(1) }

@@ -108,6 +108,10 @@ type Client struct {
 	conn *metaConn
 	meta weftv1.MetaClient
 
+	// localSetAttrs counts attribute changes applied to unsent creates
+	// (setAttrLocal).
+	localSetAttrs atomic.Uint64
+
 	sessionMu sync.Mutex
 	session   string
 	lease     time.Duration

@@ -12,8 +12,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/perm"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -62,6 +64,11 @@ type delegDir struct {
 	gen      uint64
 	session  string
 	recalled bool // being returned: no more local creates
+	// layouts were placed by the grant for new files here, given out in
+	// turn (next): a file with one writes its data before the meta
+	// service has it.
+	layouts []*weftv1.Layout
+	next    int
 }
 
 // createCount counts recent creates in a directory.
@@ -74,10 +81,42 @@ type createCount struct {
 // service has it.
 type pendingCreate struct {
 	nf   *weftv1.NewFile
-	done chan struct{} // closed once attr or err is set
-	attr *weftv1.Attr  // as stored
-	err  error
+	sent bool      // taken into a CreateMany (under delegState.mu): nf no longer changes
+	made time.Time // when it was made (monotonic)
+	// flushing counts flushes of the file under way (its data on its
+	// way to the data servers): the timer leaves it for its flush to
+	// send, with its length.
+	flushing int
+	// hold: the create carries the length of writes whose bytes may not
+	// have reached the data servers yet (setAttrLocal); the timer leaves
+	// it until a flush has sent them.
+	hold bool
+	// cur is the file's attributes as the meta service will store them,
+	// with the changes made here (setAttrLocal) applied.
+	cur     *weftv1.Attr
+	written atomic.Bool   // written through any handle: its close flushes
+	done    chan struct{} // closed once attr or err is set
+	attr    *weftv1.Attr  // as stored
+	err     error
 }
+
+// foldCommit puts a written file's length and mtime into its create, if
+// the create is not sent yet, so one call stores both; the caller then
+// waits for the create. The file's data must be durable already.
+func (c *Client) foldCommit(p *pendingCreate, size uint64, mtimeNs int64) bool {
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.sent {
+		return false
+	}
+	p.nf.Committed, p.nf.Size, p.nf.MtimeNs = true, size, mtimeNs
+	return true
+}
+
+// hasLayout reports whether a file made here got a layout from its
+// grant: its data may be written before the meta service has it.
+func (p *pendingCreate) hasLayout() bool { return p != nil && p.nf.Layout != nil }
 
 // maxNoXattrs bounds the files remembered as having no extended
 // attributes; past it the set starts again empty.
@@ -209,27 +248,29 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	d.inos[0][0]++
 	now := time.Now().UnixNano()
 	nf := &weftv1.NewFile{Caller: caller, Parent: parent, Name: name, Mode: mode & 0o7777, Ino: ino, TimeNs: now}
-	p := &pendingCreate{nf: nf, done: make(chan struct{})}
+	if len(dd.layouts) > 0 {
+		nf.Layout = dd.layouts[dd.next%len(dd.layouts)]
+		dd.next++
+	}
+	p := &pendingCreate{nf: nf, made: time.Now(), done: make(chan struct{})}
 	attr = &weftv1.Attr{
 		Ino: ino, Mode: syscall.S_IFREG | mode&0o7777, Nlink: 1, Uid: caller.GetUid(), Gid: caller.GetGid(),
-		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1,
+		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1, Layout: nf.Layout,
 	}
 	// The name goes into the complete-directory cache before anyone can
 	// look it up, under the delegation's lock (a recall waits for it).
 	c.dirs.add(parent, name, true, now)
 	d.queue = append(d.queue, p)
 	d.waiting.Add(1)
-	if !d.timer {
-		d.timer = true
-		time.AfterFunc(pendingDelay, func() {
-			d.mu.Lock()
-			d.timer = false
-			d.mu.Unlock()
-			c.sendPending(c.bg)
-		})
-	}
+	c.armPendingLocked()
+	p.cur = proto.Clone(attr).(*weftv1.Attr)
 	f = c.newFile(attr, flags, sess, caller)
 	f.pending = p
+	if f.in != nil && p.hasLayout() {
+		f.in.mu.Lock()
+		f.in.pending = p
+		f.in.mu.Unlock()
+	}
 	if d.unreg == nil {
 		d.unreg = make(map[*File]struct{})
 	}
@@ -243,6 +284,147 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	d.mu.Unlock()
 	d.made.Add(1)
 	return f, attr, true
+}
+
+// localSetAttrBits are the changes setAttrLocal makes (no size change:
+// that has the data servers cut chunks).
+const localSetAttrBits = perm.SetMode | perm.SetUID | perm.SetGID | perm.SetAtime | perm.SetMtime |
+	perm.SetAtimeNow | perm.SetMtimeNow | perm.SetCtimeNow
+
+// setAttrLocal applies a chmod, chown or utimes of a file made here whose
+// create is not sent yet to the create itself: checked and applied here
+// with the meta service's own rules (package perm), and again by the meta
+// service when the file arrives, as the changes SetAttr would have made at
+// their times. ok is false when it must go to the meta service. Unpacking
+// a tarball (each file created, written, its times, owner and mode set,
+// closed) then costs one meta call per file.
+func (c *Client) setAttrLocal(ctx context.Context, req *weftv1.SetAttrRequest) (attr *weftv1.Attr, ok bool, err error) {
+	if req.Valid == 0 || req.Valid&^localSetAttrBits != 0 {
+		return nil, false, nil
+	}
+	in := c.lookupInode(req.Ino)
+	if in == nil {
+		return nil, false, nil
+	}
+	in.mu.Lock()
+	p := in.pending
+	in.mu.Unlock()
+	if p == nil {
+		return nil, false, nil
+	}
+	const times = perm.SetAtime | perm.SetMtime | perm.SetAtimeNow | perm.SetMtimeNow
+	if req.Valid&times != 0 {
+		in.commitMu.Lock() // no commit of the file's writes meanwhile
+		defer in.commitMu.Unlock()
+	}
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.sent {
+		return nil, false, nil
+	}
+	a := proto.Clone(p.cur).(*weftv1.Attr)
+	if req.Valid&times != 0 {
+		// Earlier writes are committed first, so their mtime does not
+		// replace the one set now (as SetAttr does): their length and
+		// mtime go with the create, before this change. Their bytes may
+		// still be buffered here: the create is held (not sent by the
+		// timer) until a flush has sent them.
+		in.mu.Lock()
+		if in.writtenLocked() {
+			p.hold = true
+			p.nf.Committed, p.nf.Size, p.nf.MtimeNs = true, in.localEnd, in.mtimeNs
+			p.nf.CommitAfter = uint32(len(p.nf.Setattrs))
+			a.Size, a.MtimeNs = in.localEnd, in.mtimeNs
+			a.CtimeNs = max(a.CtimeNs, a.MtimeNs)
+			if !perm.Of(p.nf.Caller).Root() {
+				a.Mode = perm.FileType(a.Mode) | perm.KillSuid(a.Mode&0o7777)
+			}
+			// What the meta service will hold once the create arrives.
+			in.metaSize, in.metaMtimeNs = a.Size, a.MtimeNs
+			in.committedSeq, in.localEnd = in.writeSeq, 0
+		}
+		in.mu.Unlock()
+	}
+	now := time.Now().UnixNano()
+	if err := perm.ApplySetAttr(perm.Of(req.Caller), a, req, now, fmt.Sprintf("setattr of inode %d", req.Ino)); err != nil {
+		return nil, true, err
+	}
+	p.cur = a
+	p.nf.Setattrs = append(p.nf.Setattrs, req)
+	p.nf.SetattrTimesNs = append(p.nf.SetattrTimesNs, now)
+	c.localSetAttrs.Add(1)
+	return c.overlay(proto.Clone(a).(*weftv1.Attr), 0, false), true, nil
+}
+
+// LocalSetAttrs reports how many attribute changes were applied to files
+// made here before their creates were sent (no meta call of their own).
+func (c *Client) LocalSetAttrs() uint64 { return c.localSetAttrs.Load() }
+
+// pendingTimer sends the queued files once the oldest has waited
+// pendingDelay, so that each file gets its time to be written and closed
+// first (its length then goes with its create), not only the file that
+// started the timer.
+func (c *Client) pendingTimer() {
+	d := &c.deleg
+	d.mu.Lock()
+	var oldest *pendingCreate
+	for _, p := range d.queue {
+		if p.flushing == 0 && !p.hold {
+			oldest = p
+			break
+		}
+	}
+	if oldest == nil {
+		// Nothing queued, or only files being flushed: those send
+		// themselves, or arm the timer again (endFlush).
+		d.timer = false
+		d.mu.Unlock()
+		return
+	}
+	if wait := pendingDelay - time.Since(oldest.made); wait > 0 {
+		time.AfterFunc(wait, c.pendingTimer)
+		d.mu.Unlock()
+		return
+	}
+	d.timer = false
+	d.mu.Unlock()
+	c.sendPending(c.bg)
+}
+
+// armPendingLocked schedules the timer that sends queued files, unless
+// it is scheduled already.
+func (c *Client) armPendingLocked() {
+	d := &c.deleg
+	if !d.timer && len(d.queue) > 0 {
+		d.timer = true
+		time.AfterFunc(pendingDelay, c.pendingTimer)
+	}
+}
+
+// beginFlush notes that the file of p is being flushed: its create waits
+// for the flush, which sends it with the file's length.
+func (c *Client) beginFlush(p *pendingCreate) {
+	c.deleg.mu.Lock()
+	p.flushing++
+	c.deleg.mu.Unlock()
+}
+
+// endFlush undoes beginFlush. After a flush that sent the file's bytes, a
+// create still queued is left to the timer again; after a failed one, a
+// create holding the length of unsent bytes stays held (sent only when
+// someone needs it: a namespace call of this client, a recall).
+func (c *Client) endFlush(p *pendingCreate, err error) {
+	d := &c.deleg
+	d.mu.Lock()
+	p.flushing--
+	if err == nil {
+		p.hold = false
+	}
+	if !p.sent {
+		c.armPendingLocked()
+	}
+	d.mu.Unlock()
 }
 
 // maxNameLen is the longest name a create may carry (NAME_MAX).
@@ -294,6 +476,9 @@ func (c *Client) sendPending(ctx context.Context) {
 		d.mu.Lock()
 		n := min(len(d.queue), maxPendingBatch)
 		batch := d.queue[:n:n]
+		for _, p := range batch {
+			p.sent = true
+		}
 		d.queue = d.queue[n:]
 		if len(d.queue) == 0 {
 			d.queue = nil
@@ -389,6 +574,19 @@ func (c *Client) createMany(batch []*pendingCreate) {
 			c.cb.hook(inv)
 		}
 	}
+}
+
+// readyToWrite is ready for a write: a file made here with a layout from
+// its grant is written at once (its data goes ahead of its create), unless
+// the meta service refused it already.
+func (f *File) readyToWrite(ctx context.Context) error {
+	if p := f.pending; p.hasLayout() {
+		if p.stored() {
+			return p.err
+		}
+		return nil
+	}
+	return f.ready(ctx)
 }
 
 // ready waits until the meta service has the file, if it was made under a
@@ -497,8 +695,17 @@ func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
 	d := &c.deleg
 	now := time.Now()
 	d.mu.Lock()
-	if d.dirs[dir] != nil || d.asking[dir] {
+	if d.asking[dir] {
 		d.mu.Unlock()
+		return
+	}
+	if d.dirs[dir] != nil {
+		// Held, yet this create went to the meta service: the directory
+		// is no longer known here (the kernel forgot it).
+		d.mu.Unlock()
+		if c.dirs.attr(dir) == nil || !c.dirs.known(dir) {
+			c.learnDir(caller, dir)
+		}
 		return
 	}
 	if d.counts == nil || len(d.counts) >= maxCountedDirs {
@@ -512,9 +719,60 @@ func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
 	cc.n++
 	ask := cc.n >= delegateAfter
 	d.mu.Unlock()
-	if ask && c.dirs.attr(dir) != nil && c.dirs.known(dir) {
-		c.askDelegation(caller, dir)
+	if !ask {
+		return
 	}
+	if c.dirs.attr(dir) != nil && c.dirs.known(dir) {
+		c.askDelegation(caller, dir)
+		return
+	}
+	c.learnDir(caller, dir)
+}
+
+// learnDir learns, in the background, the attributes and names of a
+// directory this client creates files in often but does not know
+// completely (it was never listed here, or the kernel forgot it), then
+// asks for its delegation: one listing, and the creates that follow are
+// answered here. A directory too big for one listing page, or one the
+// caller may not list, is left alone.
+func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
+	d := &c.deleg
+	d.mu.Lock()
+	if d.asking == nil {
+		d.asking = make(map[uint64]bool)
+	}
+	if d.asking[dir] {
+		d.mu.Unlock()
+		return
+	}
+	d.asking[dir] = true
+	d.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
+		defer cancel()
+		var err error
+		if c.dirs.attr(dir) == nil {
+			_, err = c.getAttr(ctx, dir)
+		}
+		if err == nil && !c.dirs.known(dir) {
+			_, _, err = c.ReadDir(ctx, caller, dir, "", false)
+		}
+		d.mu.Lock()
+		delete(d.asking, dir)
+		d.mu.Unlock()
+		if err != nil {
+			c.log.Debug("directory not learned for a create delegation", "dir", dir, "err", err)
+			return
+		}
+		d.mu.Lock()
+		held := d.dirs[dir] != nil
+		d.mu.Unlock()
+		if !held && c.dirs.attr(dir) != nil && c.dirs.known(dir) {
+			c.askDelegation(caller, dir)
+		}
+	}()
 }
 
 // askDelegation asks the meta service for dir in the background (also to
@@ -558,12 +816,17 @@ func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
 		if d.dirs == nil {
 			d.dirs = make(map[uint64]*delegDir)
 		}
-		if dd := d.dirs[dir]; dd == nil || dd.gen != resp.Generation {
+		dd := d.dirs[dir]
+		if dd == nil || dd.gen != resp.Generation {
 			if dd == nil {
 				d.held.Add(1)
 			}
-			d.dirs[dir] = &delegDir{gen: resp.Generation, session: sess}
+			dd = &delegDir{gen: resp.Generation, session: sess}
+			d.dirs[dir] = dd
 			d.granted.Add(1)
+		}
+		if len(resp.Layouts) > 0 {
+			dd.layouts = resp.Layouts
 		}
 		if resp.InoCount > 0 {
 			d.inos = append(d.inos, [2]uint64{resp.InoFirst, resp.InoFirst + resp.InoCount})

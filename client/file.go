@@ -186,8 +186,11 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
 	}
-	if err := f.ready(ctx); err != nil {
+	if err := f.readyToWrite(ctx); err != nil {
 		return 0, err
+	}
+	if f.pending != nil {
+		f.pending.written.Store(true)
 	}
 	if off < 0 {
 		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
@@ -238,9 +241,9 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 // the length and mtime (close-to-open: another client that opens the file
 // afterwards sees them). It reports an earlier background send's error.
 func (f *File) Flush(ctx context.Context) error {
-	if p := f.pending; p != nil && !p.stored() {
+	if p := f.pending; p != nil && !p.stored() && !p.written.Load() {
 		// Made here under a delegation and neither written nor read
-		// (those wait for the meta service): nothing to flush, and the
+		// (reads wait for the meta service): nothing to flush, and the
 		// file goes to the meta service within milliseconds.
 		return nil
 	}
@@ -250,6 +253,14 @@ func (f *File) Flush(ctx context.Context) error {
 // Fsync makes every write acknowledged before it durable, and a file made
 // under a delegation stored at the meta service, before it returns.
 func (f *File) Fsync(ctx context.Context) error {
+	if p := f.pending; p.hasLayout() && f.in != nil {
+		// Its data may be out already: flush it first, so that its
+		// length can go with the create (inode.commitLocked).
+		if err := f.in.flush(ctx, true); err != nil {
+			return err
+		}
+		return f.c.awaitCreate(ctx, p)
+	}
 	if err := f.ready(ctx); err != nil {
 		return err
 	}
@@ -353,6 +364,7 @@ func (f *File) grow(ctx context.Context, size uint64) error {
 	}
 	in.commitMu.Lock()
 	defer in.commitMu.Unlock()
+	f.c.cb.commits.Add(1)
 	resp, err := f.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{
 		Caller: f.caller, Ino: f.ino, Size: size, MtimeNs: time.Now().UnixNano(),
 	})

@@ -48,6 +48,10 @@ type inode struct {
 	mtimeNs      int64  // time of the last write
 	caller       *weftv1.Caller
 	opens        int
+	// pending is the create of a file made here under a delegation with
+	// a layout from the grant, until the meta service has it: its first
+	// commit goes with the create if that is not sent yet.
+	pending *pendingCreate
 
 	ra      []*raWindow // read-ahead windows, oldest first; cleared by writes
 	raState raState     // the read-ahead stream
@@ -238,6 +242,24 @@ func waitOps(ctx context.Context, ops []*sendOp) error {
 // the length and mtime to the meta service, and returns (and forgets) the
 // error of an earlier failed background send.
 func (in *inode) flush(ctx context.Context, final bool) error {
+	if final {
+		in.mu.Lock()
+		p := in.pending
+		in.mu.Unlock()
+		if p != nil {
+			// A create not sent yet waits for the flush, which sends it
+			// with the file's length.
+			in.c.beginFlush(p)
+			err := in.flushData(ctx, final)
+			in.c.endFlush(p, err)
+			return err
+		}
+	}
+	return in.flushData(ctx, final)
+}
+
+// flushData is flush without the hold of an unsent create.
+func (in *inode) flushData(ctx context.Context, final bool) error {
 	if err := in.sendAll(ctx, final); err != nil || !final {
 		return err
 	}
@@ -313,14 +335,31 @@ func (in *inode) commitLocked(ctx context.Context) error {
 		in.mu.Unlock()
 		return nil
 	}
-	seq, size, mtime, caller := in.writeSeq, in.localEnd, in.mtimeNs, in.caller
+	seq, size, mtime, caller, p := in.writeSeq, in.localEnd, in.mtimeNs, in.caller, in.pending
 	in.mu.Unlock()
-	resp, err := in.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
-	if err != nil {
-		return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
+	var attr *weftv1.Attr
+	if p != nil {
+		folded := !p.stored() && in.c.foldCommit(p, size, mtime)
+		if err := in.c.awaitCreate(ctx, p); err != nil {
+			return err
+		}
+		in.mu.Lock()
+		in.pending = nil
+		in.mu.Unlock()
+		if folded {
+			attr = p.attr
+		}
+	}
+	if attr == nil {
+		in.c.cb.commits.Add(1)
+		resp, err := in.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
+		if err != nil {
+			return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
+		}
+		attr = resp.GetAttr()
 	}
 	in.mu.Lock()
-	in.metaSize, in.metaMtimeNs = resp.GetAttr().GetSize(), resp.GetAttr().GetMtimeNs()
+	in.metaSize, in.metaMtimeNs = attr.GetSize(), attr.GetMtimeNs()
 	in.attrGen++
 	if in.writeSeq == seq {
 		in.committedSeq = seq

@@ -108,6 +108,9 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 	resize := req.Valid&uint32(weftv1.SetAttrValid_SETATTR_SIZE) != 0
 	const times = weftv1.SetAttrValid_SETATTR_ATIME | weftv1.SetAttrValid_SETATTR_MTIME |
 		weftv1.SetAttrValid_SETATTR_ATIME_NOW | weftv1.SetAttrValid_SETATTR_MTIME_NOW
+	if a, ok, err := c.setAttrLocal(ctx, req); ok {
+		return a, err
+	}
 	in := c.lookupInode(req.Ino)
 	switch {
 	case in == nil:

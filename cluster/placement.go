@@ -266,3 +266,16 @@ func (m *Manager) weighted(cands []candidate, n int) []uint64 {
 	}
 	return out
 }
+
+// ChainWidth reports the replica count of chain id, and whether the chain
+// exists: a layout chosen elsewhere (a create delegation's) is checked
+// against it.
+func (m *Manager) ChainWidth(id uint64) (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.chains[id]
+	if !ok {
+		return 0, false
+	}
+	return c.width(), true
+}

@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/perm"
 	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -43,6 +45,9 @@ const (
 	recallWait = 5 * time.Second
 	// maxCreateMany bounds the files of one CreateMany.
 	maxCreateMany = 1024
+	// delegationLayouts is how many layouts a grant places for the new
+	// files (given out in turn).
+	delegationLayouts = 16
 )
 
 // delegation is one directory delegated to a session.
@@ -61,6 +66,65 @@ type delegations struct {
 	n     atomic.Int64 // len(byDir), read without the lock
 
 	granted, recalled, revoked atomic.Uint64 // counters for status and tests
+
+	// ranges are the inode numbers reserved for delegations, kept while
+	// their session lives and pendingKeep after: files made under them
+	// may have data on the data servers before the meta service has
+	// them, which fsck must not take for garbage. started is when this
+	// meta server started on an existing store (zero on a first start):
+	// ranges of earlier starts are not known, so for pendingKeep no chunk
+	// of a missing inode is taken for garbage.
+	ranges  []inoRange
+	started time.Time
+}
+
+// inoRange is inode numbers [first, end) reserved for a session's
+// delegation; until is when it stops protecting them (zero: the session
+// lives).
+type inoRange struct {
+	session    string
+	first, end uint64
+	until      time.Time
+}
+
+// pendingKeep is how long after its session ended (or after this server
+// started) a delegation's inode range still counts as possibly in use: a
+// client retries sending made files for createManyRetryFor (a minute).
+const pendingKeep = 2 * time.Minute
+
+// restarted notes a start of the meta service on an existing store: the
+// delegations of the last one are gone, and its ranges unknown.
+func (ds *delegations) restarted(now time.Time) {
+	ds.mu.Lock()
+	ds.started = now
+	ds.mu.Unlock()
+}
+
+// reserve records a range reserved for session's delegation.
+func (ds *delegations) reserve(session string, first, n uint64) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	now := time.Now()
+	ds.ranges = slices.DeleteFunc(ds.ranges, func(r inoRange) bool { return !r.until.IsZero() && now.After(r.until) })
+	ds.ranges = append(ds.ranges, inoRange{session: session, first: first, end: first + n})
+}
+
+// mayBePending reports whether chunks of inode ino, which the meta service
+// does not have, may belong to a file a client made under a delegation and
+// has not sent yet (its data goes to the data servers first).
+func (ds *delegations) mayBePending(ino uint64) bool {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	now := time.Now()
+	if !ds.started.IsZero() && now.Sub(ds.started) < pendingKeep {
+		return true
+	}
+	for _, r := range ds.ranges {
+		if ino >= r.first && ino < r.end && (r.until.IsZero() || now.Before(r.until)) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropLocked forgets d, the delegation of dir, waking whoever waits.
@@ -74,11 +138,13 @@ func (ds *delegations) dropLocked(dir uint64, d *delegation) {
 
 // dropSession forgets every delegation of session (its end).
 func (ds *delegations) dropSession(session string) {
-	if ds.n.Load() == 0 {
-		return
-	}
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
+	for i := range ds.ranges {
+		if r := &ds.ranges[i]; r.session == session && r.until.IsZero() {
+			r.until = time.Now().Add(pendingKeep)
+		}
+	}
 	for dir, d := range ds.byDir {
 		if d.session == session {
 			ds.dropLocked(dir, d)
@@ -113,15 +179,19 @@ func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*w
 	c := callerOf(req.Caller)
 	op := fmt.Sprintf("delegate directory %d", req.Dir)
 	var d *weftv1.Attr
+	var template *weftv1.Layout
 	err := s.view(ctx, func(x *tx) error {
 		var err error
 		if d, err = x.dir(req.Dir, op); err != nil {
 			return err
 		}
-		if err := c.check(d, mayWrite|mayExec, op); err != nil {
+		if err := c.Check(d, mayWrite|mayExec, op); err != nil {
 			return err
 		}
-		_, err = x.session(sess, op)
+		if _, err = x.session(sess, op); err != nil {
+			return err
+		}
+		template, err = x.effectiveLayout(req.Dir, s.cfg.DefaultLayout)
 		return err
 	})
 	if err != nil {
@@ -138,6 +208,8 @@ func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*w
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
+	s.deleg.reserve(sess, first, delegationInos)
+	layouts := s.delegationLayouts(ctx, template)
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	cur := ds.byDir[req.Dir]
@@ -155,7 +227,85 @@ func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*w
 		return &weftv1.DelegateResponse{}, nil // taken meanwhile
 	}
 	return &weftv1.DelegateResponse{Granted: true, Generation: cur.gen, InoFirst: first,
-		InoCount: delegationInos, Dir: d}, nil
+		InoCount: delegationInos, Dir: d, Layouts: layouts}, nil
+}
+
+// delegationLayouts places layouts for a grant's new files from the
+// directory's template; none if they cannot be placed now (the files then
+// get theirs when they reach the meta service).
+func (s *Service) delegationLayouts(ctx context.Context, template *weftv1.Layout) []*weftv1.Layout {
+	if template == nil {
+		return nil
+	}
+	out := make([]*weftv1.Layout, 0, delegationLayouts)
+	for range delegationLayouts {
+		l, err := s.placeLayout(ctx, template)
+		if err != nil {
+			s.log.Debug("no layouts placed for a create delegation", "err", err)
+			return nil
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// applyMadeChanges applies to a new file what its client did to it before
+// sending it: attribute changes, as SetAttr would have at their times, and
+// the commit of its writes (what CommitWrite would store) after the first
+// f.CommitAfter of them.
+func applyMadeChanges(c caller, a *weftv1.Attr, f *weftv1.NewFile, op string) error {
+	if len(f.SetattrTimesNs) != len(f.Setattrs) {
+		return fserr.Wrap(syscall.EINVAL, "%s: %d attribute changes with %d times", op, len(f.Setattrs), len(f.SetattrTimesNs))
+	}
+	apply := func(from, to int) error {
+		for i := from; i < to; i++ {
+			req := f.Setattrs[i]
+			if req.Valid&setSize != 0 {
+				return fserr.Wrap(syscall.EINVAL, "%s: a size change cannot come with the create", op)
+			}
+			if err := perm.ApplySetAttr(callerOf(req.Caller), a, req, f.SetattrTimesNs[i], op+": a change made with it"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	k := min(int(f.CommitAfter), len(f.Setattrs))
+	if err := apply(0, k); err != nil {
+		return err
+	}
+	if f.Committed {
+		a.Size = f.Size
+		if f.MtimeNs > 0 {
+			a.MtimeNs = f.MtimeNs
+		}
+		a.CtimeNs = max(a.CtimeNs, a.MtimeNs)
+		if !c.Root() {
+			a.Mode = fileType(a.Mode) | killSuid(a.Mode&0o7777)
+		}
+	}
+	return apply(k, len(f.Setattrs))
+}
+
+// checkGivenLayout checks a layout a client gives a new file (one its
+// delegation's grant placed): complete, within weft's limits, and on
+// chains that exist with as many members as it has replicas.
+func (s *Service) checkGivenLayout(l *weftv1.Layout) error {
+	if err := validateLayout(l); err != nil {
+		return err
+	}
+	if len(l.Chains) == 0 || len(l.Chains) != int(l.StripeCount) {
+		return fserr.Wrap(syscall.EINVAL, "layout of %d chains for a stripe count of %d", len(l.Chains), l.StripeCount)
+	}
+	for _, id := range l.Chains {
+		w, ok := s.cluster.ChainWidth(id)
+		if !ok {
+			return fserr.Wrap(syscall.EINVAL, "layout names chain %d, which does not exist", id)
+		}
+		if w != int(l.Replicas) {
+			return fserr.Wrap(syscall.EINVAL, "layout of %d replicas names chain %d of %d members", l.Replicas, id, w)
+		}
+	}
+	return nil
 }
 
 // ReturnDelegation gives a delegation back.
@@ -348,7 +498,14 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest)
 		return nil, err
 	}
 	layouts := make([]*weftv1.Layout, len(req.Files))
+	given := make([]error, len(req.Files))
 	for i, f := range req.Files {
+		if f.Layout != nil {
+			if given[i] = s.checkGivenLayout(f.Layout); given[i] == nil {
+				layouts[i] = f.Layout
+			}
+			continue
+		}
 		if t := templates[f.Parent]; t != nil {
 			if layouts[i], err = s.placeLayout(ctx, t); err != nil {
 				return nil, fmt.Errorf("create many: place the layout of %q: %w", f.Name, err)
@@ -372,7 +529,13 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest)
 			return err
 		}
 		for i, f := range req.Files {
-			a, err := x.createDelegated(f, layouts[i], next, ownNext, ownEnd)
+			var a *weftv1.Attr
+			var err error
+			if given[i] != nil {
+				err = fserr.Wrap(syscall.EINVAL, "create %q in directory %d: %v", f.Name, f.Parent, given[i])
+			} else {
+				a, err = x.createDelegated(f, layouts[i], next, ownNext, ownEnd)
+			}
 			r := &weftv1.NewFileResult{Attr: a}
 			if err != nil {
 				if errno, ok := fserr.Errno(err); ok {
@@ -434,7 +597,7 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(d, mayWrite|mayExec, op); err != nil {
+	if err := c.Check(d, mayWrite|mayExec, op); err != nil {
 		return nil, err
 	}
 	if ino, _, ok, err := x.entry(d.Ino, f.Name); err != nil {
@@ -451,6 +614,13 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 		}
 		return nil, err
 	}
+	if _, queued, err := x.t.Get(gcKey(f.Ino)); err != nil || queued {
+		if err == nil {
+			// fsck took chunks written for it for garbage.
+			err = fserr.Wrap(syscall.EIO, "%s: the data of inode %d was collected as garbage before the file arrived", op, f.Ino)
+		}
+		return nil, err
+	}
 	if layout == nil {
 		return nil, fserr.Wrap(syscall.EIO, "%s: no layout could be placed for the directory", op)
 	}
@@ -464,6 +634,9 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 	}
 	a.AtimeNs, a.MtimeNs, a.CtimeNs = t, t, t
 	a.Layout = layout
+	if err := applyMadeChanges(c, a, f, op); err != nil {
+		return nil, err
+	}
 	if err := x.setEntry(d.Ino, f.Name, a); err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/weft-fs/weft/internal/etcdtest"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -155,5 +157,194 @@ func TestDelegationRefusedOnEtcd(t *testing.T) {
 	g, err := m.Delegate(context.Background(), &weftv1.DelegateRequest{Caller: a.caller, Dir: rootIno})
 	if err != nil || g.Granted {
 		t.Fatalf("delegate on etcd: %v %v, want refused", g, err)
+	}
+}
+
+// TestDelegationLayouts checks the layouts a grant places for its files
+// and what CreateMany does with a file that carries one: kept as given,
+// its length and mtime stored with the create when it was written and
+// closed first, and refused (EINVAL) when the layout is not one weft
+// could have placed.
+func TestDelegationLayouts(t *testing.T) {
+	ctx := context.Background()
+	s := openService(t, nil, startChunkServer(t))
+	m := serveMeta(t, s)
+	a := watch(t, m)
+	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := d.Attr.Ino
+	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: dir})
+	if err != nil || !g.Granted {
+		t.Fatalf("delegate: %v %v", g, err)
+	}
+	if len(g.Layouts) != delegationLayouts {
+		t.Fatalf("grant placed %d layouts, want %d", len(g.Layouts), delegationLayouts)
+	}
+	for _, l := range g.Layouts {
+		if err := s.checkGivenLayout(l); err != nil {
+			t.Fatalf("grant's layout %v: %v", l, err)
+		}
+	}
+	good := g.Layouts[0]
+	bad := func(edit func(l *weftv1.Layout)) *weftv1.Layout {
+		l := proto.Clone(good).(*weftv1.Layout)
+		edit(l)
+		return l
+	}
+	now := time.Now().UnixNano()
+	mtime := now + 5e9
+	tests := []struct {
+		name   string
+		layout *weftv1.Layout
+		commit bool
+		errno  syscall.Errno
+	}{
+		{"given", good, false, 0},
+		{"given and committed", good, true, 0},
+		{"placed here", nil, true, 0},
+		{"unknown chain", bad(func(l *weftv1.Layout) { l.Chains = []uint64{987654} }), false, syscall.EINVAL},
+		{"chains short of the stripe count", bad(func(l *weftv1.Layout) { l.StripeCount++ }), false, syscall.EINVAL},
+		{"too many replicas for its chain", bad(func(l *weftv1.Layout) { l.Replicas = 2 }), false, syscall.EINVAL},
+		{"chunk size not a power of two", bad(func(l *weftv1.Layout) { l.ChunkSize = 100000 }), false, syscall.EINVAL},
+	}
+	var files []*weftv1.NewFile
+	for i, tt := range tests {
+		nf := &weftv1.NewFile{Caller: a.caller, Parent: dir, Name: tt.name, Mode: 0o644, Ino: g.InoFirst + uint64(i), TimeNs: now, Layout: tt.layout}
+		if tt.commit {
+			nf.Committed, nf.Size, nf.MtimeNs = true, 12345, mtime
+		}
+		files = append(files, nf)
+	}
+	cm, err := m.CreateMany(ctx, &weftv1.CreateManyRequest{Session: a.session, Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tt := range tests {
+		r := cm.Results[i]
+		if syscall.Errno(r.Errno) != tt.errno {
+			t.Errorf("%s: errno %d (%s), want %d", tt.name, r.Errno, r.Error, tt.errno)
+			continue
+		}
+		if tt.errno != 0 {
+			if _, err := m.Lookup(ctx, &weftv1.LookupRequest{Caller: a.caller, Parent: dir, Name: tt.name}); err == nil {
+				t.Errorf("%s: refused, yet its name exists", tt.name)
+			}
+			continue
+		}
+		got, err := m.Lookup(ctx, &weftv1.LookupRequest{Caller: a.caller, Parent: dir, Name: tt.name})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if tt.layout != nil && !proto.Equal(got.Attr.Layout, tt.layout) {
+			t.Errorf("%s: stored layout %v, want the given %v", tt.name, got.Attr.Layout, tt.layout)
+		}
+		if tt.layout == nil && len(got.Attr.Layout.GetChains()) == 0 {
+			t.Errorf("%s: no layout placed", tt.name)
+		}
+		wantSize, wantMtime := uint64(0), now
+		if tt.commit {
+			wantSize, wantMtime = 12345, mtime
+		}
+		if got.Attr.Size != wantSize || got.Attr.MtimeNs != wantMtime {
+			t.Errorf("%s: size %d mtime %d, want %d %d", tt.name, got.Attr.Size, got.Attr.MtimeNs, wantSize, wantMtime)
+		}
+	}
+}
+
+// TestPendingRangesNotGarbage checks which chunks of missing inodes fsck
+// may take for garbage: not those of numbers reserved for a live
+// session's delegation (the data of a file made there may go ahead of
+// its create), nor any right after a restart (earlier grants are
+// unknown); those of a session gone for pendingKeep, yes.
+func TestPendingRangesNotGarbage(t *testing.T) {
+	var ds delegations
+	ds.reserve("s1", 100, 10)
+	ds.reserve("s2", 200, 10)
+	ds.dropSession("s2")
+	ds.ranges[1].until = time.Now().Add(-time.Second) // s2 ended long ago
+	for _, tc := range []struct {
+		ino  uint64
+		want bool
+	}{{99, false}, {100, true}, {109, true}, {110, false}, {205, false}} {
+		if got := ds.mayBePending(tc.ino); got != tc.want {
+			t.Errorf("inode %d may be pending: %v, want %v", tc.ino, got, tc.want)
+		}
+	}
+	ds.dropSession("s1")
+	if !ds.mayBePending(105) {
+		t.Errorf("a range stopped protecting its numbers as soon as its session ended")
+	}
+	ds.restarted(time.Now())
+	if !ds.mayBePending(5) {
+		t.Errorf("right after a restart, a chunk of a missing inode was taken for garbage")
+	}
+}
+
+// TestCreateManyAppliesChanges checks the attribute changes a client made
+// to files before sending them (a tarball's times, owner and mode): they
+// are applied in order with SetAttr's rules, the commit of the writes at
+// its place among them, and a change SetAttr would refuse refuses the
+// file.
+func TestCreateManyAppliesChanges(t *testing.T) {
+	ctx := context.Background()
+	s := openService(t, nil, startChunkServer(t))
+	m := serveMeta(t, s)
+	a := watch(t, m)
+	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o777})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := d.Attr.Ino
+	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: dir})
+	if err != nil || !g.Granted {
+		t.Fatalf("delegate: %v %v", g, err)
+	}
+	user := &weftv1.Caller{Uid: 1000, Gid: 100, Session: a.session}
+	const made, wrote, stamped = int64(1e18), int64(1e18 + 5), int64(1e9)
+	times := func(mtime int64) *weftv1.SetAttrRequest {
+		return &weftv1.SetAttrRequest{Caller: user, Valid: setMtime, MtimeNs: mtime}
+	}
+	chmod := &weftv1.SetAttrRequest{Caller: user, Valid: setMode, Mode: 0o600}
+	tests := []struct {
+		name        string
+		changes     []*weftv1.SetAttrRequest
+		times       []int64
+		commitAfter uint32
+		errno       syscall.Errno
+		mode        uint32
+		mtime       int64
+	}{
+		{"written, then stamped and chmodded (tar)", []*weftv1.SetAttrRequest{times(stamped), chmod}, []int64{made + 1, made + 2}, 0, 0, 0o600, stamped},
+		{"stamped, then written", []*weftv1.SetAttrRequest{times(stamped)}, []int64{made + 1}, 1, 0, 0o644, wrote},
+		{"given away by its owner", []*weftv1.SetAttrRequest{{Caller: user, Valid: setUID, Uid: 0}}, []int64{made}, 0, syscall.EPERM, 0, 0},
+		{"a size change", []*weftv1.SetAttrRequest{{Caller: user, Valid: setSize, Size: 1}}, []int64{made}, 0, syscall.EINVAL, 0, 0},
+		{"changes without their times", []*weftv1.SetAttrRequest{chmod}, nil, 0, syscall.EINVAL, 0, 0},
+	}
+	var files []*weftv1.NewFile
+	for i, tt := range tests {
+		files = append(files, &weftv1.NewFile{Caller: user, Parent: dir, Name: tt.name, Mode: 0o644, Ino: g.InoFirst + uint64(i), TimeNs: made,
+			Layout: g.Layouts[0], Committed: true, Size: 100, MtimeNs: wrote, Setattrs: tt.changes, SetattrTimesNs: tt.times, CommitAfter: tt.commitAfter})
+	}
+	cm, err := m.CreateMany(ctx, &weftv1.CreateManyRequest{Session: a.session, Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tt := range tests {
+		r := cm.Results[i]
+		if syscall.Errno(r.Errno) != tt.errno {
+			t.Errorf("%s: errno %d (%s), want %d", tt.name, r.Errno, r.Error, tt.errno)
+			continue
+		}
+		if tt.errno != 0 {
+			continue
+		}
+		if r.Attr.Mode&0o7777 != tt.mode || r.Attr.MtimeNs != tt.mtime || r.Attr.Size != 100 || r.Attr.Uid != 1000 {
+			t.Errorf("%s: mode %#o mtime %d size %d uid %d, want %#o %d 100 1000", tt.name, r.Attr.Mode&0o7777, r.Attr.MtimeNs, r.Attr.Size, r.Attr.Uid, tt.mode, tt.mtime)
+		}
+		if want := tt.times[len(tt.times)-1]; tt.commitAfter == 0 && r.Attr.CtimeNs != want {
+			t.Errorf("%s: ctime %d, want the last change's %d", tt.name, r.Attr.CtimeNs, want)
+		}
 	}
 }

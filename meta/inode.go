@@ -249,7 +249,7 @@ func (x *tx) removeInode(a *weftv1.Attr) error {
 // group-executable setgid file there.
 func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32, ino uint64) (*weftv1.Attr, error) {
 	a := &weftv1.Attr{
-		Ino: ino, Mode: mode, Nlink: 1, Uid: c.uid, Gid: c.gid,
+		Ino: ino, Mode: mode, Nlink: 1, Uid: c.Uid, Gid: c.Gid,
 		AtimeNs: x.now, MtimeNs: x.now, CtimeNs: x.now, Generation: 1,
 	}
 	if parent.Mode&syscall.S_ISGID != 0 {
@@ -258,7 +258,7 @@ func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32, ino uint64) (*
 			a.Mode |= syscall.S_ISGID
 		}
 	}
-	if !isDir(mode) && a.Mode&(syscall.S_ISGID|0o010) == syscall.S_ISGID|0o010 && !c.root() && !c.inGroup(a.Gid) {
+	if !isDir(mode) && a.Mode&(syscall.S_ISGID|0o010) == syscall.S_ISGID|0o010 && !c.Root() && !c.InGroup(a.Gid) {
 		a.Mode &^= syscall.S_ISGID
 	}
 	return a, nil

@@ -185,7 +185,7 @@ func (s *Service) SetLayout(ctx context.Context, req *weftv1.SetLayoutRequest) (
 // checkLayoutTarget allows setting the layout of a directory or of an
 // empty regular file, by its owner or root.
 func checkLayoutTarget(c caller, a *weftv1.Attr) error {
-	if !c.root() && !c.owns(a) {
+	if !c.Root() && !c.Owns(a) {
 		return fserr.Wrap(syscall.EPERM, "set layout of inode %d: only its owner (uid %d) or root may change it", a.Ino, a.Uid)
 	}
 	switch {

@@ -27,7 +27,7 @@ func (x *tx) writableDir(c caller, ino uint64, op string) (*weftv1.Attr, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(d, mayWrite|mayExec, op); err != nil {
+	if err := c.Check(d, mayWrite|mayExec, op); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -47,7 +47,7 @@ func (s *Service) Lookup(ctx context.Context, req *weftv1.LookupRequest) (*weftv
 		if err != nil {
 			return err
 		}
-		if err := c.check(d, mayExec, op); err != nil {
+		if err := c.Check(d, mayExec, op); err != nil {
 			return err
 		}
 		var ino uint64
@@ -108,7 +108,7 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 		typ = syscall.S_IFREG
 	case syscall.S_IFREG, syscall.S_IFIFO, syscall.S_IFSOCK:
 	case syscall.S_IFCHR, syscall.S_IFBLK:
-		if !c.root() {
+		if !c.Root() {
 			return nil, fserr.Wrap(syscall.EPERM, "%s: only root may make device nodes", op)
 		}
 	default:
@@ -144,13 +144,13 @@ func (s *Service) Create(ctx context.Context, req *weftv1.CreateRequest) (*weftv
 			if err != nil {
 				return err
 			}
-			if err := c.check(d, mayExec, op); err != nil {
+			if err := c.Check(d, mayExec, op); err != nil {
 				return err
 			}
 			if _, _, exists, err = x.entry(d.Ino, req.Name); err != nil || exists {
 				return err
 			}
-			if err := c.check(d, mayWrite, op); err != nil {
+			if err := c.Check(d, mayWrite, op); err != nil {
 				return err
 			}
 			if typ == syscall.S_IFREG {
@@ -210,7 +210,7 @@ func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateReques
 				return errLayoutChanged
 			}
 		}
-		if err := c.check(d, mayExec, op); err != nil {
+		if err := c.Check(d, mayExec, op); err != nil {
 			return err
 		}
 		ino, _, ok, err := x.entry(d.Ino, req.Name)
@@ -239,7 +239,7 @@ func (s *Service) create(ctx context.Context, c caller, req *weftv1.CreateReques
 			resp.Attr, resp.Created = a, false
 			return nil
 		}
-		if err := c.check(d, mayWrite, op); err != nil {
+		if err := c.Check(d, mayWrite, op); err != nil {
 			return err
 		}
 		if (typ == syscall.S_IFREG && layout == nil) || newIno == 0 {
@@ -319,13 +319,13 @@ func (x *tx) dirForNewName(c caller, parent uint64, name, op string) (*weftv1.At
 	if err != nil {
 		return nil, err
 	}
-	if err := c.check(d, mayExec, op); err != nil {
+	if err := c.Check(d, mayExec, op); err != nil {
 		return nil, err
 	}
 	if err := x.mustNotExist(d.Ino, name, op); err != nil {
 		return nil, err
 	}
-	if err := c.check(d, mayWrite, op); err != nil {
+	if err := c.Check(d, mayWrite, op); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -468,7 +468,7 @@ func (s *Service) ReadDir(ctx context.Context, req *weftv1.ReadDirRequest) (*wef
 		if err != nil {
 			return err
 		}
-		if err := c.check(d, mayRead, op); err != nil {
+		if err := c.Check(d, mayRead, op); err != nil {
 			return err
 		}
 		prefix := dentryPrefix(d.Ino)

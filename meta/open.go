@@ -30,7 +30,7 @@ func checkOpen(c caller, a *weftv1.Attr, flags uint32, op string) error {
 	if isDir(a.Mode) && mask&mayWrite != 0 {
 		return fserr.Wrap(syscall.EISDIR, "%s: directory %d cannot be opened for writing", op, a.Ino)
 	}
-	return c.check(a, mask, op)
+	return c.Check(a, mask, op)
 }
 
 // Open checks that the caller may open the inode with the request's flags
@@ -177,7 +177,7 @@ func (s *Service) Access(ctx context.Context, req *weftv1.AccessRequest) (*weftv
 		if err != nil {
 			return err
 		}
-		return c.check(a, req.Mask&7, op)
+		return c.Check(a, req.Mask&7, op)
 	})
 	if err != nil {
 		return nil, err
@@ -208,7 +208,7 @@ func (s *Service) CommitWrite(ctx context.Context, req *weftv1.CommitWriteReques
 			a.MtimeNs = x.now
 		}
 		a.CtimeNs = x.now
-		if !c.root() {
+		if !c.Root() {
 			a.Mode = fileType(a.Mode) | killSuid(a.Mode&0o7777)
 		}
 		return x.putInode(a)

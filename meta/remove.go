@@ -93,7 +93,7 @@ func (x *tx) removable(c caller, parent uint64, name, op string) (dir, child *we
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := c.check(d, mayExec, op); err != nil {
+	if err := c.Check(d, mayExec, op); err != nil {
 		return nil, nil, err
 	}
 	ino, _, ok, err := x.entry(d.Ino, name)
@@ -107,11 +107,11 @@ func (x *tx) removable(c caller, parent uint64, name, op string) (dir, child *we
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := c.check(d, mayWrite, op); err != nil {
+	if err := c.Check(d, mayWrite, op); err != nil {
 		return nil, nil, err
 	}
-	if !c.stickyAllows(d, a) {
-		return nil, nil, fserr.Wrap(syscall.EPERM, "%s: directory is sticky and uid %d owns neither it nor the entry", op, c.uid)
+	if !c.StickyAllows(d, a) {
+		return nil, nil, fserr.Wrap(syscall.EPERM, "%s: directory is sticky and uid %d owns neither it nor the entry", op, c.Uid)
 	}
 	return d, a, nil
 }
@@ -203,7 +203,7 @@ func (r *renaming) run() error {
 		if newDir, err = x.dir(req.NewParent, op); err != nil {
 			return err
 		}
-		if err := c.check(newDir, mayWrite|mayExec, op); err != nil {
+		if err := c.Check(newDir, mayWrite|mayExec, op); err != nil {
 			return err
 		}
 	}
@@ -226,8 +226,8 @@ func (r *renaming) run() error {
 		// Both names are links to one inode: POSIX says do nothing.
 		return nil
 	}
-	if exists && !c.stickyAllows(newDir, dst) {
-		return fserr.Wrap(syscall.EPERM, "%s: target directory is sticky and uid %d owns neither it nor the target", op, c.uid)
+	if exists && !c.StickyAllows(newDir, dst) {
+		return fserr.Wrap(syscall.EPERM, "%s: target directory is sticky and uid %d owns neither it nor the target", op, c.Uid)
 	}
 	if err := r.checkDirMove(src, newDir); err != nil {
 		return err
@@ -276,7 +276,7 @@ func (r *renaming) checkDirMove(a, to *weftv1.Attr) error {
 	if inside {
 		return fserr.Wrap(syscall.EINVAL, "%s: cannot move directory %d into its own subtree", r.op, a.Ino)
 	}
-	return r.c.check(a, mayWrite, r.op)
+	return r.c.Check(a, mayWrite, r.op)
 }
 
 // removeTarget drops the existing target dst that src replaces.

@@ -92,6 +92,7 @@ type clusterManager interface {
 	Capacity() (total, free, used uint64)
 	NumChains() int
 	PickChains(ctx context.Context, n int, replicas uint32) ([]uint64, error)
+	ChainWidth(id uint64) (int, bool)
 	TruncateFile(ctx context.Context, ino uint64, layout *weftv1.Layout, size uint64) error
 	DeleteFile(ctx context.Context, ino uint64, layout *weftv1.Layout) error
 	EnsureChains(ctx context.Context, replicas uint32) error

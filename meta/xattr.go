@@ -46,15 +46,15 @@ func checkXattr(c caller, a *weftv1.Attr, name string, write bool, op string) er
 			return denied("user.* attributes exist only on regular files and directories")
 		}
 		if write {
-			return c.check(a, mayWrite, op)
+			return c.Check(a, mayWrite, op)
 		}
-		return c.check(a, mayRead, op)
+		return c.Check(a, mayRead, op)
 	case strings.HasPrefix(name, "trusted."):
-		if !c.root() {
+		if !c.Root() {
 			return denied("trusted.* attributes are for root only")
 		}
 	case strings.HasPrefix(name, "security."):
-		if write && !c.root() {
+		if write && !c.Root() {
 			return denied("only root may set security.* attributes")
 		}
 	default:
@@ -131,7 +131,7 @@ func (s *Service) ListXattr(ctx context.Context, req *weftv1.ListXattrRequest) (
 		prefix := xattrPrefix(a.Ino)
 		return x.t.Scan(prefix, kv.PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
 			name := string(k[len(prefix):])
-			if c.root() || !strings.HasPrefix(name, "trusted.") {
+			if c.Root() || !strings.HasPrefix(name, "trusted.") {
 				resp.Names = append(resp.Names, name)
 			}
 			return true, nil

@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
@@ -312,8 +313,16 @@ func TestDelegationAcrossMounts(t *testing.T) {
 	if got := string(buf[:n]); got != "kept open and more" {
 		t.Errorf("A's open file after B unlinked it reads %q", got)
 	}
-	if _, err := os.Stat(pa("open")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("A still sees the unlinked name: %v", err)
+	// The unlink reaches A's kernel with the callback, within
+	// milliseconds.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		_, err := os.Stat(pa("open"))
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A still sees the unlinked name after 2 s: %v", err)
+		}
 	}
 }
 
@@ -456,5 +465,184 @@ func TestRenameMetaCalls(t *testing.T) {
 	}
 	if got := int(c.MetaCalls() - calls); got > 2*n+4 {
 		t.Errorf("%d renames made %d meta calls, want at most %d", 2*n, got, 2*n+4)
+	}
+}
+
+// TestDelegatedWritesOneMetaCall checks small files written under a
+// delegation whose grant placed layouts: the data goes to the data
+// servers before the meta service has the file, and the close stores
+// the file and its length in one CreateMany (no CommitWrite), so a file
+// created, written and closed costs at most one meta call. The files
+// then read back whole after the page cache is dropped, with the length
+// the meta service holds. Then the kernel forgets the directory (the
+// mount no longer knows its names): the mount lists it again in the
+// background, and the creates that follow are answered here again.
+func TestDelegatedWritesOneMetaCall(t *testing.T) {
+	needFUSE(t)
+	tc, d, c := mountFreshDir(t)
+	write := func(name string, data []byte) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(d, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 { // the creates that make the mount ask for the directory
+		write(fmt.Sprint("first", i), []byte("x"))
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if held, _ := c.Delegations(); held == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no delegation after 3 creates")
+		}
+	}
+	const n = 40
+	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 10000+i) }
+	calls, commits := c.MetaCalls(), c.CommitsSent()
+	_, made0 := c.Delegations()
+	for i := range n {
+		write(fmt.Sprint("f", i), data(i))
+	}
+	// A create is sent without its length when the file is not closed
+	// within milliseconds (a slow moment of the machine): allow a few.
+	if got := c.CommitsSent() - commits; got > n/10 {
+		t.Errorf("%d CommitWrite calls for %d files made, written and closed here, want (nearly) none: their lengths go with their creates", got, n)
+	}
+	_, made := c.Delegations()
+	if made-made0 != n {
+		t.Fatalf("%d of %d files made under the delegation", made-made0, n)
+	}
+	// One call each, and one spare (a background call such as a lease
+	// renewal); without the layouts it took two each.
+	if got := c.MetaCalls() - calls; got > n+1 {
+		t.Errorf("%d meta calls for %d files created, written and closed, want at most one each", got, n)
+	}
+	var dir syscall.Stat_t
+	if err := syscall.Stat(d, &dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		a, err := tc.Meta().Lookup(tc.Context(), &weftv1.LookupRequest{Parent: dir.Ino, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Attr.Size != uint64(len(data(i))) {
+			t.Errorf("%s: the meta service holds length %d, want %d", name, a.Attr.Size, len(data(i)))
+		}
+		got, err := os.ReadFile(filepath.Join(d, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data(i)) {
+			t.Errorf("%s read back %d bytes, not the %d written", name, len(got), len(data(i)))
+		}
+	}
+
+	// The kernel forgets the directory's inode; creates there go to the
+	// meta service until the mount has listed it again.
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, made0 = c.Delegations()
+	for i := range n {
+		write(fmt.Sprint("g", i), data(i))
+		time.Sleep(time.Millisecond) // leave the background listing time to land
+	}
+	if _, made := c.Delegations(); made-made0 < n/2 {
+		t.Errorf("after the kernel forgot the directory, %d of %d files made under a delegation, want most", made-made0, n)
+	}
+}
+
+// TestDelegatedUnpackOneMetaCall unpacks files the way GNU tar does
+// (create, write, set the times, owner and mode on the open file, close):
+// under a delegation the three attribute changes are applied to the
+// unsent create, so each file costs one meta call, and what the meta
+// service then holds (and stat shows after the caches are dropped) is
+// what was set.
+func TestDelegatedUnpackOneMetaCall(t *testing.T) {
+	needFUSE(t)
+	tc, d, c := mountFreshDir(t)
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprint("first", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if held, _ := c.Delegations(); held == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no delegation after 3 creates")
+		}
+	}
+	const n = 30
+	stamp := time.Date(2020, 2, 3, 4, 5, 6, 0, time.UTC)
+	calls, commits, local := c.MetaCalls(), c.CommitsSent(), c.LocalSetAttrs()
+	for i := range n {
+		p := filepath.Join(d, fmt.Sprint("f", i))
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(bytes.Repeat([]byte{byte(i)}, 3000+i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, stamp, stamp.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Chown(0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Chmod(0o640); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.LocalSetAttrs() - local; got < 3*n-n/10*3 {
+		t.Errorf("%d of %d attribute changes applied to unsent creates", got, 3*n)
+	}
+	if got := c.MetaCalls() - calls; got > n+n/10 {
+		t.Errorf("%d meta calls for %d files unpacked, want about one each", got, n)
+	}
+	if got := c.CommitsSent() - commits; got > n/10 {
+		t.Errorf("%d CommitWrite calls for %d files unpacked, want (nearly) none", got, n)
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Fatal(err)
+	}
+	var dir syscall.Stat_t
+	if err := syscall.Stat(d, &dir); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		got, err := tc.Meta().Lookup(tc.Context(), &weftv1.LookupRequest{Parent: dir.Ino, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := got.Attr
+		wantMtime := stamp.Add(time.Duration(i) * time.Second).UnixNano()
+		if a.Size != uint64(3000+i) || a.MtimeNs != wantMtime || a.Mode&0o7777 != 0o640 || a.Uid != 0 || a.Gid != 0 {
+			t.Errorf("%s at the meta service: size %d mtime %d mode %#o owner %d:%d, want %d %d 0640 0:0",
+				name, a.Size, a.MtimeNs, a.Mode&0o7777, a.Uid, a.Gid, 3000+i, wantMtime)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(d, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != int64(3000+i) || st.Mtim.Nano() != wantMtime || st.Mode&0o7777 != 0o640 {
+			t.Errorf("%s shows size %d mtime %d mode %#o", name, st.Size, st.Mtim.Nano(), st.Mode&0o7777)
+		}
+		data, err := os.ReadFile(filepath.Join(d, name))
+		if err != nil || !bytes.Equal(data, bytes.Repeat([]byte{byte(i)}, 3000+i)) {
+			t.Errorf("%s reads back %d bytes (%v)", name, len(data), err)
+		}
 	}
 }

@@ -1032,7 +1032,13 @@ type DelegateResponse struct {
 	InoFirst uint64 `protobuf:"varint,3,opt,name=ino_first,json=inoFirst,proto3" json:"ino_first,omitempty"`
 	InoCount uint64 `protobuf:"varint,4,opt,name=ino_count,json=inoCount,proto3" json:"ino_count,omitempty"`
 	// The directory's attributes at the grant.
-	Dir           *Attr `protobuf:"bytes,5,opt,name=dir,proto3" json:"dir,omitempty"`
+	Dir *Attr `protobuf:"bytes,5,opt,name=dir,proto3" json:"dir,omitempty"`
+	// Layouts placed for the session's new files in the directory (chains
+	// chosen): the client gives each new file one of them, in turn, so it
+	// can write the file's data before the meta service has the file.
+	// Empty when none could be placed (the client then waits for the meta
+	// service's layout).
+	Layouts       []*Layout `protobuf:"bytes,6,rep,name=layouts,proto3" json:"layouts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1098,6 +1104,13 @@ func (x *DelegateResponse) GetInoCount() uint64 {
 func (x *DelegateResponse) GetDir() *Attr {
 	if x != nil {
 		return x.Dir
+	}
+	return nil
+}
+
+func (x *DelegateResponse) GetLayouts() []*Layout {
+	if x != nil {
+		return x.Layouts
 	}
 	return nil
 }
@@ -1213,9 +1226,27 @@ type NewFile struct {
 	Ino uint64 `protobuf:"varint,5,opt,name=ino,proto3" json:"ino,omitempty"`
 	// When the client made it: its atime, mtime and ctime, and the
 	// directory's new mtime and ctime.
-	TimeNs        int64 `protobuf:"varint,6,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeNs int64 `protobuf:"varint,6,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	// One of the grant's layouts (DelegateResponse.layouts), whose chains
+	// may hold the file's data already; absent: the meta service places
+	// one.
+	Layout *Layout `protobuf:"bytes,7,opt,name=layout,proto3" json:"layout,omitempty"`
+	// Written and closed (or synced) before it was sent: the file's data is
+	// durable on the data servers, and size and mtime_ns are its length and
+	// modification time, stored with the create as a CommitWrite would.
+	Committed bool   `protobuf:"varint,8,opt,name=committed,proto3" json:"committed,omitempty"`
+	Size      uint64 `protobuf:"varint,9,opt,name=size,proto3" json:"size,omitempty"`
+	MtimeNs   int64  `protobuf:"varint,10,opt,name=mtime_ns,json=mtimeNs,proto3" json:"mtime_ns,omitempty"`
+	// Attribute changes (chmod, chown, utimes; never a size) made to the
+	// file before it was sent, in order, each applied as SetAttr applies it
+	// with setattr_times_ns[i] as its "now"; the commit above comes after
+	// the first commit_after of them. A change SetAttr would refuse
+	// refuses the file.
+	Setattrs       []*SetAttrRequest `protobuf:"bytes,11,rep,name=setattrs,proto3" json:"setattrs,omitempty"`
+	SetattrTimesNs []int64           `protobuf:"varint,12,rep,packed,name=setattr_times_ns,json=setattrTimesNs,proto3" json:"setattr_times_ns,omitempty"`
+	CommitAfter    uint32            `protobuf:"varint,13,opt,name=commit_after,json=commitAfter,proto3" json:"commit_after,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NewFile) Reset() {
@@ -1286,6 +1317,55 @@ func (x *NewFile) GetIno() uint64 {
 func (x *NewFile) GetTimeNs() int64 {
 	if x != nil {
 		return x.TimeNs
+	}
+	return 0
+}
+
+func (x *NewFile) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *NewFile) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *NewFile) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *NewFile) GetMtimeNs() int64 {
+	if x != nil {
+		return x.MtimeNs
+	}
+	return 0
+}
+
+func (x *NewFile) GetSetattrs() []*SetAttrRequest {
+	if x != nil {
+		return x.Setattrs
+	}
+	return nil
+}
+
+func (x *NewFile) GetSetattrTimesNs() []int64 {
+	if x != nil {
+		return x.SetattrTimesNs
+	}
+	return nil
+}
+
+func (x *NewFile) GetCommitAfter() uint32 {
+	if x != nil {
+		return x.CommitAfter
 	}
 	return 0
 }
@@ -6461,7 +6541,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"L\n" +
 	"\x0fDelegateRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
-	"\x03dir\x18\x02 \x01(\x04R\x03dir\"\xa7\x01\n" +
+	"\x03dir\x18\x02 \x01(\x04R\x03dir\"\xd2\x01\n" +
 	"\x10DelegateResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x1e\n" +
 	"\n" +
@@ -6469,21 +6549,30 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"generation\x12\x1b\n" +
 	"\tino_first\x18\x03 \x01(\x04R\binoFirst\x12\x1b\n" +
 	"\tino_count\x18\x04 \x01(\x04R\binoCount\x12\x1f\n" +
-	"\x03dir\x18\x05 \x01(\v2\r.weft.v1.AttrR\x03dir\"e\n" +
+	"\x03dir\x18\x05 \x01(\v2\r.weft.v1.AttrR\x03dir\x12)\n" +
+	"\alayouts\x18\x06 \x03(\v2\x0f.weft.v1.LayoutR\alayouts\"e\n" +
 	"\x17ReturnDelegationRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x10\n" +
 	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\"\x1a\n" +
-	"\x18ReturnDelegationResponse\"\x9d\x01\n" +
+	"\x18ReturnDelegationResponse\"\x95\x03\n" +
 	"\aNewFile\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x10\n" +
 	"\x03ino\x18\x05 \x01(\x04R\x03ino\x12\x17\n" +
-	"\atime_ns\x18\x06 \x01(\x03R\x06timeNs\"U\n" +
+	"\atime_ns\x18\x06 \x01(\x03R\x06timeNs\x12'\n" +
+	"\x06layout\x18\a \x01(\v2\x0f.weft.v1.LayoutR\x06layout\x12\x1c\n" +
+	"\tcommitted\x18\b \x01(\bR\tcommitted\x12\x12\n" +
+	"\x04size\x18\t \x01(\x04R\x04size\x12\x19\n" +
+	"\bmtime_ns\x18\n" +
+	" \x01(\x03R\amtimeNs\x123\n" +
+	"\bsetattrs\x18\v \x03(\v2\x17.weft.v1.SetAttrRequestR\bsetattrs\x12(\n" +
+	"\x10setattr_times_ns\x18\f \x03(\x03R\x0esetattrTimesNs\x12!\n" +
+	"\fcommit_after\x18\r \x01(\rR\vcommitAfter\"U\n" +
 	"\x11CreateManyRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12&\n" +
 	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05files\"^\n" +
@@ -7053,146 +7142,149 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	5,   // 6: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
 	3,   // 7: weft.v1.DelegateRequest.caller:type_name -> weft.v1.Caller
 	5,   // 8: weft.v1.DelegateResponse.dir:type_name -> weft.v1.Attr
-	3,   // 9: weft.v1.NewFile.caller:type_name -> weft.v1.Caller
-	17,  // 10: weft.v1.CreateManyRequest.files:type_name -> weft.v1.NewFile
-	5,   // 11: weft.v1.NewFileResult.attr:type_name -> weft.v1.Attr
-	19,  // 12: weft.v1.CreateManyResponse.results:type_name -> weft.v1.NewFileResult
-	3,   // 13: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
-	3,   // 14: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
-	5,   // 15: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
-	3,   // 16: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
-	5,   // 17: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
-	5,   // 18: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
-	3,   // 19: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
-	3,   // 20: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
-	3,   // 21: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
-	5,   // 22: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
-	33,  // 23: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
-	3,   // 24: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
-	3,   // 25: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
-	3,   // 26: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
-	3,   // 27: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 28: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 29: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 30: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 31: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,   // 32: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
-	4,   // 33: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
-	3,   // 34: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,   // 35: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
-	4,   // 36: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	56,  // 37: weft.v1.OpenSessionRequest.reopen:type_name -> weft.v1.OpenCount
-	56,  // 38: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
-	63,  // 39: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	62,  // 40: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 41: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	62,  // 42: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 43: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	69,  // 44: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	68,  // 45: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	70,  // 46: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	78,  // 47: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	77,  // 48: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,   // 49: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	75,  // 50: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	68,  // 51: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	81,  // 52: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	82,  // 53: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,   // 54: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	88,  // 55: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	87,  // 56: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
-	92,  // 57: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	95,  // 58: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	97,  // 59: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,   // 60: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,   // 61: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10,  // 62: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11,  // 63: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13,  // 64: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
-	15,  // 65: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
-	18,  // 66: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
-	21,  // 67: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
-	23,  // 68: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	24,  // 69: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	24,  // 70: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	26,  // 71: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	28,  // 72: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	29,  // 73: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	30,  // 74: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	32,  // 75: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	35,  // 76: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	36,  // 77: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	38,  // 78: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	40,  // 79: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	41,  // 80: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	43,  // 81: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	45,  // 82: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	47,  // 83: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	49,  // 84: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	51,  // 85: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	53,  // 86: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	94,  // 87: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	55,  // 88: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	58,  // 89: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	60,  // 90: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	64,  // 91: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	66,  // 92: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	76,  // 93: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	71,  // 94: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	73,  // 95: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	79,  // 96: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	83,  // 97: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	83,  // 98: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	85,  // 99: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	89,  // 100: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	91,  // 101: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,   // 102: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,   // 103: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,   // 104: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12,  // 105: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	14,  // 106: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
-	16,  // 107: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
-	20,  // 108: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
-	22,  // 109: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
-	8,   // 110: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	25,  // 111: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	25,  // 112: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	27,  // 113: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,   // 114: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,   // 115: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	31,  // 116: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	34,  // 117: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,   // 118: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	37,  // 119: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	39,  // 120: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,   // 121: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	42,  // 122: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	44,  // 123: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	46,  // 124: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	48,  // 125: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	50,  // 126: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	52,  // 127: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	54,  // 128: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	96,  // 129: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	57,  // 130: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	59,  // 131: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	61,  // 132: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	65,  // 133: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	67,  // 134: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	70,  // 135: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	72,  // 136: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	74,  // 137: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	80,  // 138: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	84,  // 139: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	84,  // 140: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	86,  // 141: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	90,  // 142: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	93,  // 143: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	102, // [102:144] is the sub-list for method output_type
-	60,  // [60:102] is the sub-list for method input_type
-	60,  // [60:60] is the sub-list for extension type_name
-	60,  // [60:60] is the sub-list for extension extendee
-	0,   // [0:60] is the sub-list for field type_name
+	4,   // 9: weft.v1.DelegateResponse.layouts:type_name -> weft.v1.Layout
+	3,   // 10: weft.v1.NewFile.caller:type_name -> weft.v1.Caller
+	4,   // 11: weft.v1.NewFile.layout:type_name -> weft.v1.Layout
+	10,  // 12: weft.v1.NewFile.setattrs:type_name -> weft.v1.SetAttrRequest
+	17,  // 13: weft.v1.CreateManyRequest.files:type_name -> weft.v1.NewFile
+	5,   // 14: weft.v1.NewFileResult.attr:type_name -> weft.v1.Attr
+	19,  // 15: weft.v1.CreateManyResponse.results:type_name -> weft.v1.NewFileResult
+	3,   // 16: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
+	3,   // 17: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
+	5,   // 18: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
+	3,   // 19: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
+	5,   // 20: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
+	5,   // 21: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
+	3,   // 22: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 23: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 24: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
+	5,   // 25: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
+	33,  // 26: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
+	3,   // 27: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
+	3,   // 28: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
+	3,   // 29: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
+	3,   // 30: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 31: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 32: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 33: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 34: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 35: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
+	4,   // 36: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
+	3,   // 37: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 38: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
+	4,   // 39: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
+	56,  // 40: weft.v1.OpenSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	56,  // 41: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	63,  // 42: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	62,  // 43: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 44: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	62,  // 45: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 46: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	69,  // 47: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	68,  // 48: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	70,  // 49: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	78,  // 50: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	77,  // 51: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,   // 52: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	75,  // 53: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	68,  // 54: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	81,  // 55: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	82,  // 56: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,   // 57: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	88,  // 58: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	87,  // 59: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
+	92,  // 60: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	95,  // 61: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	97,  // 62: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,   // 63: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,   // 64: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10,  // 65: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11,  // 66: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13,  // 67: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
+	15,  // 68: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
+	18,  // 69: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
+	21,  // 70: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
+	23,  // 71: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	24,  // 72: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	24,  // 73: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	26,  // 74: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	28,  // 75: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	29,  // 76: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	30,  // 77: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	32,  // 78: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	35,  // 79: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	36,  // 80: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	38,  // 81: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	40,  // 82: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	41,  // 83: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	43,  // 84: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	45,  // 85: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	47,  // 86: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	49,  // 87: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	51,  // 88: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	53,  // 89: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	94,  // 90: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	55,  // 91: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	58,  // 92: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	60,  // 93: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	64,  // 94: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	66,  // 95: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	76,  // 96: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	71,  // 97: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	73,  // 98: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	79,  // 99: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	83,  // 100: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	83,  // 101: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	85,  // 102: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	89,  // 103: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	91,  // 104: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 105: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 106: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 107: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 108: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 109: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 110: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 111: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 112: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 113: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 114: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 115: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 116: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 117: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 118: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 119: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 120: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 121: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 122: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 123: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 124: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 125: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 126: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 127: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 128: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 129: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 130: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 131: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	96,  // 132: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	57,  // 133: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	59,  // 134: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	61,  // 135: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	65,  // 136: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	67,  // 137: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	70,  // 138: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	72,  // 139: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	74,  // 140: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	80,  // 141: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	84,  // 142: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	84,  // 143: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	86,  // 144: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	90,  // 145: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	93,  // 146: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	105, // [105:147] is the sub-list for method output_type
+	63,  // [63:105] is the sub-list for method input_type
+	63,  // [63:63] is the sub-list for extension type_name
+	63,  // [63:63] is the sub-list for extension extendee
+	0,   // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
