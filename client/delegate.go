@@ -54,6 +54,8 @@ const (
 	maxWaitingCreates = 4096
 	// maxCountedDirs bounds the directories whose creates are counted.
 	maxCountedDirs = 1024
+	// maxHeldDirs bounds the directories a mkdir asks to hold at once.
+	maxHeldDirs = 4096
 	// createManyRetryFor is how long a CreateMany is retried while the
 	// meta service is unreachable.
 	createManyRetryFor = time.Minute
@@ -204,6 +206,7 @@ type delegState struct {
 	slots     chan struct{}              // CreateMany calls in flight (capacity maxCreateManyInFlight)
 	inflight  map[chan struct{}]struct{} // closed when their call is answered
 	made      atomic.Uint64              // files made here
+	lastMade  atomic.Int64               // when the last one was made (Unix ns)
 	granted   atomic.Uint64              // grants received
 }
 
@@ -283,6 +286,7 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	d.nNoXattrs.Store(int64(len(d.noXattrs)))
 	d.mu.Unlock()
 	d.made.Add(1)
+	d.lastMade.Store(now)
 	return f, attr, true
 }
 
@@ -796,43 +800,84 @@ func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
 		defer cancel()
 		sess := caller.GetSession()
 		c.countMeta()
-		resp, err := c.meta.Delegate(ctx, &weftv1.DelegateRequest{Caller: caller, Dir: dir})
+		resp, err := c.meta.Delegate(ctx, &weftv1.DelegateRequest{Caller: caller, Dir: dir, NoInos: c.enoughInos()})
 		d.mu.Lock()
 		delete(d.asking, dir)
-		switch {
-		case err != nil:
-			d.mu.Unlock()
+		d.mu.Unlock()
+		if err != nil {
 			c.log.Debug("create delegation not granted", "dir", dir, "err", err)
 			return
-		case !resp.Granted:
-			d.mu.Unlock()
-			return
-		case d.early[dir] == resp.Generation:
-			// Recalled before this answer came: it is returned already.
-			delete(d.early, dir)
-			d.mu.Unlock()
-			return
 		}
-		if d.dirs == nil {
-			d.dirs = make(map[uint64]*delegDir)
-		}
-		dd := d.dirs[dir]
-		if dd == nil || dd.gen != resp.Generation {
-			if dd == nil {
-				d.held.Add(1)
-			}
-			dd = &delegDir{gen: resp.Generation, session: sess}
-			d.dirs[dir] = dd
-			d.granted.Add(1)
-		}
-		if len(resp.Layouts) > 0 {
-			dd.layouts = resp.Layouts
-		}
-		if resp.InoCount > 0 {
-			d.inos = append(d.inos, [2]uint64{resp.InoFirst, resp.InoFirst + resp.InoCount})
-		}
-		d.mu.Unlock()
+		c.installGrant(dir, sess, resp)
 	}()
+}
+
+// enoughInos reports whether the inode numbers left from earlier grants
+// are plenty (a quarter of a grant's), so a new grant need not reserve
+// more.
+func (c *Client) enoughInos() bool {
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n uint64
+	for _, r := range d.inos {
+		n += r[1] - r[0]
+	}
+	return n >= 1024
+}
+
+// delegateAtMkdir reports whether a mkdir in parent should ask for the new
+// directory's delegation at once: while this client is making files (it
+// holds parent, or made a file under a delegation in the last second),
+// as when unpacking a tarball, so that even the first files made in the
+// new directory are made here.
+func (c *Client) delegateAtMkdir(parent uint64, caller *weftv1.Caller) bool {
+	d := &c.deleg
+	if c.cfg.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" || d.held.Load() >= maxHeldDirs {
+		return false
+	}
+	if time.Since(time.Unix(0, d.lastMade.Load())) < delegateWindow {
+		return true
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dirs[parent] != nil
+}
+
+// installGrant takes a delegation the meta service granted (to Delegate,
+// or with a Mkdir).
+func (c *Client) installGrant(dir uint64, sess string, resp *weftv1.DelegateResponse) {
+	d := &c.deleg
+	d.mu.Lock()
+	switch {
+	case !resp.GetGranted():
+		d.mu.Unlock()
+		return
+	case d.early[dir] == resp.Generation:
+		// Recalled before this answer came: it is returned already.
+		delete(d.early, dir)
+		d.mu.Unlock()
+		return
+	}
+	if d.dirs == nil {
+		d.dirs = make(map[uint64]*delegDir)
+	}
+	dd := d.dirs[dir]
+	if dd == nil || dd.gen != resp.Generation {
+		if dd == nil {
+			d.held.Add(1)
+		}
+		dd = &delegDir{gen: resp.Generation, session: sess}
+		d.dirs[dir] = dd
+		d.granted.Add(1)
+	}
+	if len(resp.Layouts) > 0 {
+		dd.layouts = resp.Layouts
+	}
+	if resp.InoCount > 0 {
+		d.inos = append(d.inos, [2]uint64{resp.InoFirst, resp.InoFirst + resp.InoCount})
+	}
+	d.mu.Unlock()
 }
 
 // handleRecalls returns the delegations a callback recalls (all of them

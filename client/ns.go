@@ -160,7 +160,11 @@ func (c *Client) Mknod(ctx context.Context, caller *weftv1.Caller, parent uint64
 func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string, mode uint32) (*weftv1.Attr, error) {
 	tok, track := c.dirToken()
 	c.countMeta()
-	resp, err := c.meta.Mkdir(ctx, &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode})
+	req := &weftv1.MkdirRequest{Caller: caller, Parent: parent, Name: name, Mode: mode}
+	if track && c.delegateAtMkdir(parent, caller) {
+		req.Delegate, req.NoInos = true, c.enoughInos()
+	}
+	resp, err := c.meta.Mkdir(ctx, req)
 	c.noteEntry(parent, name, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
@@ -168,6 +172,9 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	if track {
 		c.dirComplete(resp.Attr.GetIno(), tok, nil) // a new directory is empty
 		c.noteDirAttr(resp.Attr, tok)
+		if resp.Delegation != nil {
+			c.installGrant(resp.Attr.GetIno(), caller.GetSession(), resp.Delegation)
+		}
 	}
 	return resp.Attr, nil
 }

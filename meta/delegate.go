@@ -70,12 +70,10 @@ type delegations struct {
 	// ranges are the inode numbers reserved for delegations, kept while
 	// their session lives and pendingKeep after: files made under them
 	// may have data on the data servers before the meta service has
-	// them, which fsck must not take for garbage. started is when this
-	// meta server started on an existing store (zero on a first start):
-	// ranges of earlier starts are not known, so for pendingKeep no chunk
-	// of a missing inode is taken for garbage.
-	ranges  []inoRange
-	started time.Time
+	// them, which fsck must not take for garbage. Ranges of an earlier
+	// start are not known: what fsck collects of those marks the numbers
+	// dead (n/dead/), and such a file is refused when it comes.
+	ranges []inoRange
 }
 
 // inoRange is inode numbers [first, end) reserved for a session's
@@ -91,14 +89,6 @@ type inoRange struct {
 // started) a delegation's inode range still counts as possibly in use: a
 // client retries sending made files for createManyRetryFor (a minute).
 const pendingKeep = 2 * time.Minute
-
-// restarted notes a start of the meta service on an existing store: the
-// delegations of the last one are gone, and its ranges unknown.
-func (ds *delegations) restarted(now time.Time) {
-	ds.mu.Lock()
-	ds.started = now
-	ds.mu.Unlock()
-}
 
 // reserve records a range reserved for session's delegation.
 func (ds *delegations) reserve(session string, first, n uint64) {
@@ -116,9 +106,6 @@ func (ds *delegations) mayBePending(ino uint64) bool {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	now := time.Now()
-	if !ds.started.IsZero() && now.Sub(ds.started) < pendingKeep {
-		return true
-	}
 	for _, r := range ds.ranges {
 		if ino >= r.first && ino < r.end && (r.until.IsZero() || now.Before(r.until)) {
 			return true
@@ -197,22 +184,33 @@ func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*w
 	if err != nil {
 		return nil, err
 	}
+	return s.grant(ctx, sess, d, template, !req.NoInos, op)
+}
+
+// grant gives session the delegation of directory d (whose checks
+// passed), with new files' layouts from template and, if inos, a range of
+// inode numbers; an empty answer if another session holds it.
+func (s *Service) grant(ctx context.Context, sess string, d *weftv1.Attr, template *weftv1.Layout, inos bool, op string) (*weftv1.DelegateResponse, error) {
 	ds := &s.deleg
 	ds.mu.Lock()
-	if cur := ds.byDir[req.Dir]; cur != nil && (cur.session != sess || cur.recall) {
+	if cur := ds.byDir[d.Ino]; cur != nil && (cur.session != sess || cur.recall) {
 		ds.mu.Unlock()
 		return &weftv1.DelegateResponse{}, nil
 	}
 	ds.mu.Unlock()
-	first, err := s.reserveInos(ctx, delegationInos)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+	var first, count uint64
+	if inos {
+		var err error
+		if first, err = s.reserveInos(ctx, delegationInos); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+		count = delegationInos
+		s.deleg.reserve(sess, first, count)
 	}
-	s.deleg.reserve(sess, first, delegationInos)
 	layouts := s.delegationLayouts(ctx, template)
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	cur := ds.byDir[req.Dir]
+	cur := ds.byDir[d.Ino]
 	switch {
 	case cur == nil:
 		if ds.byDir == nil {
@@ -220,14 +218,43 @@ func (s *Service) Delegate(ctx context.Context, req *weftv1.DelegateRequest) (*w
 		}
 		ds.gen++
 		cur = &delegation{session: sess, gen: ds.gen, gone: make(chan struct{})}
-		ds.byDir[req.Dir] = cur
+		ds.byDir[d.Ino] = cur
 		ds.n.Add(1)
 		ds.granted.Add(1)
 	case cur.session != sess || cur.recall:
 		return &weftv1.DelegateResponse{}, nil // taken meanwhile
 	}
 	return &weftv1.DelegateResponse{Granted: true, Generation: cur.gen, InoFirst: first,
-		InoCount: delegationInos, Dir: d, Layouts: layouts}, nil
+		InoCount: count, Dir: d, Layouts: layouts}, nil
+}
+
+// grantNewDir answers Mkdir's delegate: the delegation of the directory it
+// just made, if this meta server grants delegations; nil if not, or if it
+// cannot now (the mkdir stands either way).
+func (s *Service) grantNewDir(ctx context.Context, req *weftv1.MkdirRequest, d *weftv1.Attr) *weftv1.DelegateResponse {
+	sess := req.GetCaller().GetSession()
+	if _, several := s.eng.(kv.Watcher); several || sess == "" {
+		return nil
+	}
+	op := fmt.Sprintf("delegate new directory %d", d.Ino)
+	var template *weftv1.Layout
+	err := s.view(ctx, func(x *tx) error {
+		if _, err := x.session(sess, op); err != nil {
+			return err
+		}
+		var err error
+		template, err = x.effectiveLayout(d.Ino, s.cfg.DefaultLayout)
+		return err
+	})
+	var g *weftv1.DelegateResponse
+	if err == nil {
+		g, err = s.grant(ctx, sess, d, template, !req.NoInos, op)
+	}
+	if err != nil {
+		s.log.Debug("no delegation for a new directory", "dir", d.Ino, "err", err)
+		return nil
+	}
+	return g
 }
 
 // delegationLayouts places layouts for a grant's new files from the
@@ -614,12 +641,14 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 		}
 		return nil, err
 	}
-	if _, queued, err := x.t.Get(gcKey(f.Ino)); err != nil || queued {
-		if err == nil {
-			// fsck took chunks written for it for garbage.
-			err = fserr.Wrap(syscall.EIO, "%s: the data of inode %d was collected as garbage before the file arrived", op, f.Ino)
+	for _, key := range [][]byte{gcKey(f.Ino), deadKey(f.Ino)} {
+		if _, gone, err := x.t.Get(key); err != nil || gone {
+			if err == nil {
+				// fsck took chunks written for it for garbage.
+				err = fserr.Wrap(syscall.EIO, "%s: the data of inode %d was collected as garbage (fsck --repair) before the file arrived", op, f.Ino)
+			}
+			return nil, err
 		}
-		return nil, err
 	}
 	if layout == nil {
 		return nil, fserr.Wrap(syscall.EIO, "%s: no layout could be placed for the directory", op)

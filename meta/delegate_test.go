@@ -256,8 +256,7 @@ func TestDelegationLayouts(t *testing.T) {
 // TestPendingRangesNotGarbage checks which chunks of missing inodes fsck
 // may take for garbage: not those of numbers reserved for a live
 // session's delegation (the data of a file made there may go ahead of
-// its create), nor any right after a restart (earlier grants are
-// unknown); those of a session gone for pendingKeep, yes.
+// its create); those of a session gone for pendingKeep, yes.
 func TestPendingRangesNotGarbage(t *testing.T) {
 	var ds delegations
 	ds.reserve("s1", 100, 10)
@@ -275,10 +274,6 @@ func TestPendingRangesNotGarbage(t *testing.T) {
 	ds.dropSession("s1")
 	if !ds.mayBePending(105) {
 		t.Errorf("a range stopped protecting its numbers as soon as its session ended")
-	}
-	ds.restarted(time.Now())
-	if !ds.mayBePending(5) {
-		t.Errorf("right after a restart, a chunk of a missing inode was taken for garbage")
 	}
 }
 
@@ -346,5 +341,79 @@ func TestCreateManyAppliesChanges(t *testing.T) {
 		if want := tt.times[len(tt.times)-1]; tt.commitAfter == 0 && r.Attr.CtimeNs != want {
 			t.Errorf("%s: ctime %d, want the last change's %d", tt.name, r.Attr.CtimeNs, want)
 		}
+	}
+}
+
+// TestMkdirDelegation checks Mkdir's delegate: the new directory is
+// granted to the caller's session with layouts (and inode numbers unless
+// no_inos), held as a Delegate grant is (another session's delegate is
+// refused), and a session-less mkdir gets none.
+func TestMkdirDelegation(t *testing.T) {
+	ctx := context.Background()
+	s := openService(t, nil, startChunkServer(t))
+	m := serveMeta(t, s)
+	a, b := watch(t, m), watch(t, m)
+	tests := []struct {
+		name    string
+		caller  *weftv1.Caller
+		noInos  bool
+		granted bool
+		inos    uint64
+	}{
+		{"with numbers", a.caller, false, true, delegationInos},
+		{"without numbers", a.caller, true, true, 0},
+		{"no session", &weftv1.Caller{}, false, false, 0},
+	}
+	for _, tt := range tests {
+		r, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: tt.caller, Parent: rootIno, Name: tt.name, Mode: 0o755, Delegate: true, NoInos: tt.noInos})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		g := r.Delegation
+		if g.GetGranted() != tt.granted || g.GetInoCount() != tt.inos {
+			t.Fatalf("%s: grant %v, want granted %v with %d numbers", tt.name, g, tt.granted, tt.inos)
+		}
+		if !tt.granted {
+			continue
+		}
+		if len(g.Layouts) == 0 || g.Dir.GetIno() != r.Attr.Ino {
+			t.Errorf("%s: grant of directory %d with %d layouts", tt.name, g.Dir.GetIno(), len(g.Layouts))
+		}
+		if gb, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: b.caller, Dir: r.Attr.Ino}); err != nil || gb.Granted {
+			t.Errorf("%s: another session's delegate: %v %v, want refused", tt.name, gb, err)
+		}
+	}
+}
+
+// TestCollectedFileRefused checks that a file made under a delegation
+// whose number fsck found with unowned chunks (queued for deletion, or
+// deleted already) is refused when it comes: its data is gone, and the
+// client must hear so rather than keep an empty file.
+func TestCollectedFileRefused(t *testing.T) {
+	ctx := context.Background()
+	s := openService(t, nil, startChunkServer(t))
+	m := serveMeta(t, s)
+	a := watch(t, m)
+	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: d.Attr.Ino})
+	if err != nil || !g.Granted {
+		t.Fatalf("delegate: %v %v", g, err)
+	}
+	dead := g.InoFirst + 1
+	if err := s.update(ctx, func(x *tx) error { return x.t.Set(deadKey(dead), nil) }); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := m.CreateMany(ctx, &weftv1.CreateManyRequest{Session: a.session, Files: []*weftv1.NewFile{
+		{Caller: a.caller, Parent: d.Attr.Ino, Name: "alive", Mode: 0o644, Ino: g.InoFirst, Layout: g.Layouts[0]},
+		{Caller: a.caller, Parent: d.Attr.Ino, Name: "collected", Mode: 0o644, Ino: dead, Layout: g.Layouts[0]},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Results[0].Errno != 0 || syscall.Errno(cm.Results[1].Errno) != syscall.EIO {
+		t.Fatalf("results %v, want the first made and the collected one refused with EIO", cm.Results)
 	}
 }

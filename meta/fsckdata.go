@@ -133,6 +133,12 @@ func (f *fscker) verifyGone(ctx context.Context, ino uint64, chains []uint64) er
 			if err := x.t.Set(gcKey(ino), v); err != nil {
 				return nil, err
 			}
+			// Should the file come after all (made under a delegation,
+			// its data sent ahead of its create), it is refused: its
+			// data is gone.
+			if err := x.t.Set(deadKey(ino), nil); err != nil {
+				return nil, err
+			}
 			// A number not handed out yet is skipped, so that no new file
 			// gets it while its queue entry waits.
 			next, err := getUint64(x.t, keyNextIno)

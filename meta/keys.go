@@ -48,6 +48,10 @@ import (
 //	n/lg                               layout generation (be64): bumped by every  setlayout on a directory, rename
 //	                                   change that may alter the effective       of a directory to another parent,
 //	                                   layout of directories (layoutcache.go)    fsck moving a directory
+//	n/dead/<ino>                       empty: a number whose chunks fsck found   fsck --repair of unowned chunks
+//	                                   unowned and queued for deletion: a file
+//	                                   made under a delegation with it (its data
+//	                                   ahead of its create) is refused
 //	n/stop                             empty: the service stopped cleanly with   Close (lazy opens), removed at
 //	                                   every open record synced (replay.go)      the next start
 //	n/cbw                              id of the meta server of the last write   every update (etcd engine)
@@ -77,6 +81,7 @@ var (
 	prefixSessOpn = []byte("n/so/")
 	prefixOrphan  = []byte("n/or/")
 	prefixGC      = []byte("n/gc/")
+	prefixDead    = []byte("n/dead/")
 )
 
 // rootIno is the inode number of the file system root.
@@ -100,6 +105,7 @@ func parentKey(ino uint64) []byte  { return keyWithIno(prefixParent, ino) }
 func layoutKey(ino uint64) []byte  { return keyWithIno(prefixLayout, ino) }
 func orphanKey(ino uint64) []byte  { return keyWithIno(prefixOrphan, ino) }
 func gcKey(ino uint64) []byte      { return keyWithIno(prefixGC, ino) }
+func deadKey(ino uint64) []byte    { return keyWithIno(prefixDead, ino) }
 
 // dentryPrefix is the prefix of all entries of directory dir.
 func dentryPrefix(dir uint64) []byte { return append(keyWithIno(prefixDentry, dir), '/') }

@@ -308,7 +308,11 @@ func (s *Service) Mkdir(ctx context.Context, req *weftv1.MkdirRequest) (*weftv1.
 	if err != nil {
 		return nil, err
 	}
-	return &weftv1.AttrResponse{Attr: a, Parent: parent}, nil
+	resp := &weftv1.AttrResponse{Attr: a, Parent: parent}
+	if req.Delegate {
+		resp.Delegation = s.grantNewDir(ctx, req, a)
+	}
+	return resp, nil
 }
 
 // dirForNewName returns directory parent for adding name to it: the

@@ -77,9 +77,6 @@ func (s *Service) startGrace(ctx context.Context, fresh bool) error {
 		return fmt.Errorf("read how the last meta service stopped: %w", err)
 	}
 	s.epoch = hex.EncodeToString(b[:])
-	if !fresh {
-		s.deleg.restarted(s.now())
-	}
 	if fresh || clean {
 		return nil
 	}

@@ -646,3 +646,59 @@ func TestDelegatedUnpackOneMetaCall(t *testing.T) {
 		}
 	}
 }
+
+// TestMkdirDelegates checks that a mount making files asks for the
+// delegation of each directory it makes with the mkdir itself, so even the
+// first files made there are made here (unpacking a tree of small
+// directories), and that a mount only making directories does not.
+func TestMkdirDelegates(t *testing.T) {
+	needFUSE(t)
+	_, d, c := mountFreshDir(t)
+	// Only directories: no delegations.
+	for i := range 5 {
+		if err := os.Mkdir(filepath.Join(d, fmt.Sprint("empty", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held, _ := c.Delegations(); held != 0 {
+		t.Fatalf("%d delegations held after mkdirs alone, want none", held)
+	}
+	// Files in d (three go to the meta service, then d is delegated),
+	// then a tree of directories of two files each.
+	for i := range 5 {
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprint("top", i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if held, _ := c.Delegations(); held == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no delegation after 5 creates")
+		}
+	}
+	const dirs = 10
+	calls := c.MetaCalls()
+	_, made0 := c.Delegations()
+	sub := d
+	for i := range dirs {
+		sub = filepath.Join(sub, fmt.Sprint("sub", i))
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 2 {
+			if err := os.WriteFile(filepath.Join(sub, fmt.Sprint("f", j)), []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	held, made := c.Delegations()
+	if made-made0 != 2*dirs || held != 1+dirs {
+		t.Errorf("%d of %d files made here, %d directories held; want all, and %d held", made-made0, 2*dirs, held, 1+dirs)
+	}
+	// Per directory: the mkdir, and one CreateMany per file.
+	if got, want := c.MetaCalls()-calls, uint64(3*dirs+1); got > want {
+		t.Errorf("%d meta calls for %d directories of 2 files, want at most %d", got, dirs, want)
+	}
+}

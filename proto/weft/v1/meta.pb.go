@@ -605,7 +605,9 @@ type AttrResponse struct {
 	Attr  *Attr                  `protobuf:"bytes,1,opt,name=attr,proto3" json:"attr,omitempty"`
 	// Mkdir, Symlink and Link: the directory the name went into, as the
 	// call left it (its client need not ask for it again).
-	Parent        *Attr `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent *Attr `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Mkdir with delegate: the create delegation of the new directory.
+	Delegation    *DelegateResponse `protobuf:"bytes,3,opt,name=delegation,proto3" json:"delegation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -650,6 +652,13 @@ func (x *AttrResponse) GetAttr() *Attr {
 func (x *AttrResponse) GetParent() *Attr {
 	if x != nil {
 		return x.Parent
+	}
+	return nil
+}
+
+func (x *AttrResponse) GetDelegation() *DelegateResponse {
+	if x != nil {
+		return x.Delegation
 	}
 	return nil
 }
@@ -969,9 +978,11 @@ func (x *CreateResponse) GetCreated() bool {
 // is recalled, the session may make regular files there without a call
 // each, and sends them later in CreateMany calls.
 type DelegateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Dir           uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Dir    uint64                 `protobuf:"varint,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	// The client has inode numbers left from earlier grants: reserve none.
+	NoInos        bool `protobuf:"varint,3,opt,name=no_inos,json=noInos,proto3" json:"no_inos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1018,6 +1029,13 @@ func (x *DelegateRequest) GetDir() uint64 {
 		return x.Dir
 	}
 	return 0
+}
+
+func (x *DelegateRequest) GetNoInos() bool {
+	if x != nil {
+		return x.NoInos
+	}
+	return false
 }
 
 type DelegateResponse struct {
@@ -1622,11 +1640,16 @@ func (*RecordOpensResponse) Descriptor() ([]byte, []int) {
 }
 
 type MkdirRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Caller        *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
-	Parent        uint64                 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"`
-	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	Mode          uint32                 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Caller *Caller                `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	Parent uint64                 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	Name   string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Mode   uint32                 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Also grant the caller's session a create delegation of the new
+	// directory (as Delegate would), answered in AttrResponse.delegation.
+	Delegate bool `protobuf:"varint,5,opt,name=delegate,proto3" json:"delegate,omitempty"`
+	// With delegate: reserve no inode numbers (DelegateRequest.no_inos).
+	NoInos        bool `protobuf:"varint,6,opt,name=no_inos,json=noInos,proto3" json:"no_inos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1687,6 +1710,20 @@ func (x *MkdirRequest) GetMode() uint32 {
 		return x.Mode
 	}
 	return 0
+}
+
+func (x *MkdirRequest) GetDelegate() bool {
+	if x != nil {
+		return x.Delegate
+	}
+	return false
+}
+
+func (x *MkdirRequest) GetNoInos() bool {
+	if x != nil {
+		return x.NoInos
+	}
+	return false
 }
 
 type RemoveRequest struct {
@@ -6510,10 +6547,13 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\rLookupRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\"X\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\"\x93\x01\n" +
 	"\fAttrResponse\x12!\n" +
 	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12%\n" +
-	"\x06parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\x06parent\"\"\n" +
+	"\x06parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\x06parent\x129\n" +
+	"\n" +
+	"delegation\x18\x03 \x01(\v2\x19.weft.v1.DelegateResponseR\n" +
+	"delegation\"\"\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
 	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xe3\x01\n" +
 	"\x0eSetAttrRequest\x12'\n" +
@@ -6538,10 +6578,11 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"open_flags\x18\b \x01(\rR\topenFlags\"M\n" +
 	"\x0eCreateResponse\x12!\n" +
 	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"L\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"e\n" +
 	"\x0fDelegateRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
-	"\x03dir\x18\x02 \x01(\x04R\x03dir\"\xd2\x01\n" +
+	"\x03dir\x18\x02 \x01(\x04R\x03dir\x12\x17\n" +
+	"\ano_inos\x18\x03 \x01(\bR\x06noInos\"\xd2\x01\n" +
 	"\x10DelegateResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x1e\n" +
 	"\n" +
@@ -6585,12 +6626,14 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x12RecordOpensRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
 	"\x04inos\x18\x02 \x03(\x04R\x04inos\"\x15\n" +
-	"\x13RecordOpensResponse\"w\n" +
+	"\x13RecordOpensResponse\"\xac\x01\n" +
 	"\fMkdirRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
-	"\x04mode\x18\x04 \x01(\rR\x04mode\"d\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x1a\n" +
+	"\bdelegate\x18\x05 \x01(\bR\bdelegate\x12\x17\n" +
+	"\ano_inos\x18\x06 \x01(\bR\x06noInos\"d\n" +
 	"\rRemoveRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -7137,154 +7180,155 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	3,   // 1: weft.v1.LookupRequest.caller:type_name -> weft.v1.Caller
 	5,   // 2: weft.v1.AttrResponse.attr:type_name -> weft.v1.Attr
 	5,   // 3: weft.v1.AttrResponse.parent:type_name -> weft.v1.Attr
-	3,   // 4: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 5: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
-	5,   // 6: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
-	3,   // 7: weft.v1.DelegateRequest.caller:type_name -> weft.v1.Caller
-	5,   // 8: weft.v1.DelegateResponse.dir:type_name -> weft.v1.Attr
-	4,   // 9: weft.v1.DelegateResponse.layouts:type_name -> weft.v1.Layout
-	3,   // 10: weft.v1.NewFile.caller:type_name -> weft.v1.Caller
-	4,   // 11: weft.v1.NewFile.layout:type_name -> weft.v1.Layout
-	10,  // 12: weft.v1.NewFile.setattrs:type_name -> weft.v1.SetAttrRequest
-	17,  // 13: weft.v1.CreateManyRequest.files:type_name -> weft.v1.NewFile
-	5,   // 14: weft.v1.NewFileResult.attr:type_name -> weft.v1.Attr
-	19,  // 15: weft.v1.CreateManyResponse.results:type_name -> weft.v1.NewFileResult
-	3,   // 16: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
-	3,   // 17: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
-	5,   // 18: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
-	3,   // 19: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
-	5,   // 20: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
-	5,   // 21: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
-	3,   // 22: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
-	3,   // 23: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
-	3,   // 24: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
-	5,   // 25: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
-	33,  // 26: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
-	3,   // 27: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
-	3,   // 28: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
-	3,   // 29: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
-	3,   // 30: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 31: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 32: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 33: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
-	3,   // 34: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,   // 35: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
-	4,   // 36: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
-	3,   // 37: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
-	4,   // 38: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
-	4,   // 39: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
-	56,  // 40: weft.v1.OpenSessionRequest.reopen:type_name -> weft.v1.OpenCount
-	56,  // 41: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
-	63,  // 42: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
-	62,  // 43: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 44: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
-	62,  // 45: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 46: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	69,  // 47: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	68,  // 48: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	70,  // 49: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	78,  // 50: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	77,  // 51: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,   // 52: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	75,  // 53: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	68,  // 54: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	81,  // 55: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	82,  // 56: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,   // 57: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	88,  // 58: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	87,  // 59: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
-	92,  // 60: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	95,  // 61: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	97,  // 62: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,   // 63: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,   // 64: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10,  // 65: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11,  // 66: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13,  // 67: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
-	15,  // 68: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
-	18,  // 69: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
-	21,  // 70: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
-	23,  // 71: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	24,  // 72: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	24,  // 73: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	26,  // 74: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	28,  // 75: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	29,  // 76: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	30,  // 77: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	32,  // 78: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	35,  // 79: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	36,  // 80: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	38,  // 81: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	40,  // 82: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	41,  // 83: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	43,  // 84: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	45,  // 85: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	47,  // 86: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	49,  // 87: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	51,  // 88: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	53,  // 89: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	94,  // 90: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	55,  // 91: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	58,  // 92: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	60,  // 93: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	64,  // 94: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	66,  // 95: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	76,  // 96: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	71,  // 97: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	73,  // 98: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	79,  // 99: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	83,  // 100: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	83,  // 101: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	85,  // 102: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	89,  // 103: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	91,  // 104: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,   // 105: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,   // 106: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,   // 107: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12,  // 108: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	14,  // 109: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
-	16,  // 110: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
-	20,  // 111: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
-	22,  // 112: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
-	8,   // 113: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	25,  // 114: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	25,  // 115: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	27,  // 116: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,   // 117: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,   // 118: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	31,  // 119: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	34,  // 120: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,   // 121: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	37,  // 122: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	39,  // 123: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,   // 124: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	42,  // 125: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	44,  // 126: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	46,  // 127: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	48,  // 128: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	50,  // 129: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	52,  // 130: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	54,  // 131: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	96,  // 132: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	57,  // 133: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	59,  // 134: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	61,  // 135: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	65,  // 136: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	67,  // 137: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	70,  // 138: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	72,  // 139: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	74,  // 140: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	80,  // 141: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	84,  // 142: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	84,  // 143: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	86,  // 144: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	90,  // 145: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	93,  // 146: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	105, // [105:147] is the sub-list for method output_type
-	63,  // [63:105] is the sub-list for method input_type
-	63,  // [63:63] is the sub-list for extension type_name
-	63,  // [63:63] is the sub-list for extension extendee
-	0,   // [0:63] is the sub-list for field type_name
+	14,  // 4: weft.v1.AttrResponse.delegation:type_name -> weft.v1.DelegateResponse
+	3,   // 5: weft.v1.SetAttrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 6: weft.v1.CreateRequest.caller:type_name -> weft.v1.Caller
+	5,   // 7: weft.v1.CreateResponse.attr:type_name -> weft.v1.Attr
+	3,   // 8: weft.v1.DelegateRequest.caller:type_name -> weft.v1.Caller
+	5,   // 9: weft.v1.DelegateResponse.dir:type_name -> weft.v1.Attr
+	4,   // 10: weft.v1.DelegateResponse.layouts:type_name -> weft.v1.Layout
+	3,   // 11: weft.v1.NewFile.caller:type_name -> weft.v1.Caller
+	4,   // 12: weft.v1.NewFile.layout:type_name -> weft.v1.Layout
+	10,  // 13: weft.v1.NewFile.setattrs:type_name -> weft.v1.SetAttrRequest
+	17,  // 14: weft.v1.CreateManyRequest.files:type_name -> weft.v1.NewFile
+	5,   // 15: weft.v1.NewFileResult.attr:type_name -> weft.v1.Attr
+	19,  // 16: weft.v1.CreateManyResponse.results:type_name -> weft.v1.NewFileResult
+	3,   // 17: weft.v1.MkdirRequest.caller:type_name -> weft.v1.Caller
+	3,   // 18: weft.v1.RemoveRequest.caller:type_name -> weft.v1.Caller
+	5,   // 19: weft.v1.RemoveResponse.parent:type_name -> weft.v1.Attr
+	3,   // 20: weft.v1.RenameRequest.caller:type_name -> weft.v1.Caller
+	5,   // 21: weft.v1.RenameResponse.old_parent:type_name -> weft.v1.Attr
+	5,   // 22: weft.v1.RenameResponse.new_parent:type_name -> weft.v1.Attr
+	3,   // 23: weft.v1.LinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 24: weft.v1.SymlinkRequest.caller:type_name -> weft.v1.Caller
+	3,   // 25: weft.v1.ReadDirRequest.caller:type_name -> weft.v1.Caller
+	5,   // 26: weft.v1.DirEntry.attr:type_name -> weft.v1.Attr
+	33,  // 27: weft.v1.ReadDirResponse.entries:type_name -> weft.v1.DirEntry
+	3,   // 28: weft.v1.OpenRequest.caller:type_name -> weft.v1.Caller
+	3,   // 29: weft.v1.AccessRequest.caller:type_name -> weft.v1.Caller
+	3,   // 30: weft.v1.CommitWriteRequest.caller:type_name -> weft.v1.Caller
+	3,   // 31: weft.v1.GetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 32: weft.v1.SetXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 33: weft.v1.ListXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 34: weft.v1.RemoveXattrRequest.caller:type_name -> weft.v1.Caller
+	3,   // 35: weft.v1.GetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 36: weft.v1.GetLayoutResponse.layout:type_name -> weft.v1.Layout
+	4,   // 37: weft.v1.GetLayoutResponse.effective:type_name -> weft.v1.Layout
+	3,   // 38: weft.v1.SetLayoutRequest.caller:type_name -> weft.v1.Caller
+	4,   // 39: weft.v1.SetLayoutRequest.layout:type_name -> weft.v1.Layout
+	4,   // 40: weft.v1.SetLayoutResponse.layout:type_name -> weft.v1.Layout
+	56,  // 41: weft.v1.OpenSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	56,  // 42: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
+	63,  // 43: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
+	62,  // 44: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 45: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	62,  // 46: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
+	70,  // 47: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	69,  // 48: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	68,  // 49: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	70,  // 50: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	78,  // 51: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	77,  // 52: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,   // 53: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	75,  // 54: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	68,  // 55: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	81,  // 56: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	82,  // 57: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,   // 58: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	88,  // 59: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	87,  // 60: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
+	92,  // 61: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	95,  // 62: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	97,  // 63: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,   // 64: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,   // 65: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10,  // 66: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11,  // 67: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13,  // 68: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
+	15,  // 69: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
+	18,  // 70: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
+	21,  // 71: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
+	23,  // 72: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	24,  // 73: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	24,  // 74: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	26,  // 75: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	28,  // 76: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	29,  // 77: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	30,  // 78: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	32,  // 79: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	35,  // 80: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	36,  // 81: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	38,  // 82: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	40,  // 83: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	41,  // 84: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	43,  // 85: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	45,  // 86: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	47,  // 87: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	49,  // 88: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	51,  // 89: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	53,  // 90: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	94,  // 91: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	55,  // 92: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	58,  // 93: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	60,  // 94: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	64,  // 95: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	66,  // 96: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	76,  // 97: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	71,  // 98: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	73,  // 99: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	79,  // 100: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	83,  // 101: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	83,  // 102: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	85,  // 103: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	89,  // 104: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	91,  // 105: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 106: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 107: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 108: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 109: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 110: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 111: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 112: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 113: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 114: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 115: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 116: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 117: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 118: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 119: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 120: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 121: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 122: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 123: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 124: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 125: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 126: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 127: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 128: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 129: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 130: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 131: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 132: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	96,  // 133: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	57,  // 134: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	59,  // 135: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	61,  // 136: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	65,  // 137: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	67,  // 138: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	70,  // 139: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	72,  // 140: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	74,  // 141: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	80,  // 142: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	84,  // 143: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	84,  // 144: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	86,  // 145: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	90,  // 146: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	93,  // 147: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	106, // [106:148] is the sub-list for method output_type
+	64,  // [64:106] is the sub-list for method input_type
+	64,  // [64:64] is the sub-list for extension type_name
+	64,  // [64:64] is the sub-list for extension extendee
+	0,   // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
