@@ -56,6 +56,9 @@ const (
 	maxCountedDirs = 1024
 	// maxHeldDirs bounds the directories a mkdir asks to hold at once.
 	maxHeldDirs = 4096
+	// relearnAfter is how long a directory that could not be learned
+	// (learnDir) is not listed again for a delegation.
+	relearnAfter = 30 * time.Second
 	// createManyRetryFor is how long a CreateMany is retried while the
 	// meta service is unreachable.
 	createManyRetryFor = time.Minute
@@ -187,18 +190,20 @@ func (p *pendingCreate) stored() bool {
 
 // delegState is the client's create delegations.
 type delegState struct {
-	mu      sync.Mutex
-	dirs    map[uint64]*delegDir
-	early   map[uint64]uint64 // directory -> generation recalled before its grant arrived
-	asking  map[uint64]bool
-	counts  map[uint64]*createCount
-	inos    [][2]uint64 // reserved numbers not used yet: [next, end)
-	queue   []*pendingCreate
-	timer   bool               // a send after pendingDelay is scheduled
-	unreg   map[*File]struct{} // open files without an open record
-	held    atomic.Int64       // len(dirs)
-	waiting atomic.Int64       // len(queue) plus files being sent
-	nUnreg  atomic.Int64       // len(unreg)
+	mu     sync.Mutex
+	dirs   map[uint64]*delegDir
+	early  map[uint64]uint64 // directory -> generation recalled before its grant arrived
+	asking map[uint64]bool
+	counts map[uint64]*createCount
+	// unlearned are directories learnDir could not learn, and when.
+	unlearned map[uint64]time.Time
+	inos      [][2]uint64 // reserved numbers not used yet: [next, end)
+	queue     []*pendingCreate
+	timer     bool               // a send after pendingDelay is scheduled
+	unreg     map[*File]struct{} // open files without an open record
+	held      atomic.Int64       // len(dirs)
+	waiting   atomic.Int64       // len(queue) plus files being sent
+	nUnreg    atomic.Int64       // len(unreg)
 	// noXattrs are files made here that have no extended attributes
 	// yet (see knownNoXattrs); nNoXattrs is its length.
 	noXattrs  map[uint64]struct{}
@@ -745,7 +750,7 @@ func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 	if d.asking == nil {
 		d.asking = make(map[uint64]bool)
 	}
-	if d.asking[dir] {
+	if d.asking[dir] || time.Since(d.unlearned[dir]) < relearnAfter {
 		d.mu.Unlock()
 		return
 	}
@@ -757,22 +762,36 @@ func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
 		defer cancel()
 		var err error
-		if c.dirs.attr(dir) == nil {
-			_, err = c.getAttr(ctx, dir)
-		}
-		if err == nil && !c.dirs.known(dir) {
-			_, _, err = c.ReadDir(ctx, caller, dir, "", false)
+		// A listing overtaken by a change of the directory (this
+		// client's own creates go on meanwhile) is not taken: try a few
+		// times.
+		for attempt := 0; attempt < 4 && err == nil && (c.dirs.attr(dir) == nil || !c.dirs.known(dir)); attempt++ {
+			if c.dirs.attr(dir) == nil {
+				_, err = c.getAttr(ctx, dir)
+			}
+			if err == nil && !c.dirs.known(dir) {
+				var more bool
+				if _, more, err = c.ReadDir(ctx, caller, dir, "", false); err == nil && more {
+					break // too big to know here
+				}
+			}
 		}
 		d.mu.Lock()
 		delete(d.asking, dir)
+		if err != nil || !c.dirs.known(dir) {
+			// Too big for one page, not listable by the caller, or
+			// changing all the time: not tried again for a while.
+			if d.unlearned == nil || len(d.unlearned) >= maxCountedDirs {
+				d.unlearned = make(map[uint64]time.Time)
+			}
+			d.unlearned[dir] = time.Now()
+		}
+		held := d.dirs[dir] != nil
 		d.mu.Unlock()
 		if err != nil {
 			c.log.Debug("directory not learned for a create delegation", "dir", dir, "err", err)
 			return
 		}
-		d.mu.Lock()
-		held := d.dirs[dir] != nil
-		d.mu.Unlock()
 		if !held && c.dirs.attr(dir) != nil && c.dirs.known(dir) {
 			c.askDelegation(caller, dir)
 		}

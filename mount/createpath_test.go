@@ -551,7 +551,6 @@ func TestDelegatedWritesOneMetaCall(t *testing.T) {
 	_, made0 = c.Delegations()
 	for i := range n {
 		write(fmt.Sprint("g", i), data(i))
-		time.Sleep(time.Millisecond) // leave the background listing time to land
 	}
 	if _, made := c.Delegations(); made-made0 < n/2 {
 		t.Errorf("after the kernel forgot the directory, %d of %d files made under a delegation, want most", made-made0, n)
