@@ -94,8 +94,9 @@ type pendingCreate struct {
 	flushing int
 	// hold: the create carries the length of writes whose bytes may not
 	// have reached the data servers yet (setAttrLocal); the timer leaves
-	// it until a flush has sent them.
+	// it until a flush has sent them, and sendPending sends them first.
 	hold bool
+	in   *inode // the file's, when hold is set
 	// cur is the file's attributes as the meta service will store them,
 	// with the changes made here (setAttrLocal) applied.
 	cur     *weftv1.Attr
@@ -341,7 +342,7 @@ func (c *Client) setAttrLocal(ctx context.Context, req *weftv1.SetAttrRequest) (
 		// timer) until a flush has sent them.
 		in.mu.Lock()
 		if in.writtenLocked() {
-			p.hold = true
+			p.hold, p.in = true, in
 			p.nf.Committed, p.nf.Size, p.nf.MtimeNs = true, in.localEnd, in.mtimeNs
 			p.nf.CommitAfter = uint32(len(p.nf.Setattrs))
 			a.Size, a.MtimeNs = in.localEnd, in.mtimeNs
@@ -465,6 +466,7 @@ func (c *Client) sendPending(ctx context.Context) {
 	if d.waiting.Load() == 0 {
 		return
 	}
+	c.sendHeldData(ctx)
 	d.mu.Lock()
 	var wait []chan struct{}
 	for b := range d.inflight {
@@ -519,6 +521,31 @@ func (c *Client) sendPending(ctx context.Context) {
 	}
 	for _, b := range wait {
 		<-b
+	}
+}
+
+// sendHeldData sends the buffered bytes of queued files whose creates
+// carry a length those bytes make up (hold), so that the meta service
+// never has a length whose bytes the data servers do not; a send that
+// fails is reported by the file's close.
+func (c *Client) sendHeldData(ctx context.Context) {
+	d := &c.deleg
+	d.mu.Lock()
+	var held []*pendingCreate
+	for _, p := range d.queue {
+		if p.hold {
+			held = append(held, p)
+		}
+	}
+	d.mu.Unlock()
+	for _, p := range held {
+		if err := p.in.sendAll(ctx, false); err != nil {
+			c.log.Warn("sending the data of a file made here before its create failed; its close reports it", "ino", p.nf.Ino, "err", err)
+			continue
+		}
+		d.mu.Lock()
+		p.hold = false
+		d.mu.Unlock()
 	}
 }
 

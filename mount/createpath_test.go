@@ -701,3 +701,64 @@ func TestMkdirDelegates(t *testing.T) {
 		t.Errorf("%d meta calls for %d directories of 2 files, want at most %d", got, dirs, want)
 	}
 }
+
+// TestHeldCreateSendsDataFirst checks a file made under a delegation,
+// written, and given its times while still open (its create then carries
+// the length of bytes still buffered here): when another mount reads it
+// before it is closed (the recall sends the create), it reads the bytes
+// written, not zeros, and after the close the whole file.
+func TestHeldCreateSendsDataFirst(t *testing.T) {
+	a, b, ca := twoMountsWithDir(t)
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(a, "d", fmt.Sprint("first", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if held, _ := ca.Delegations(); held == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no delegation after 3 creates")
+		}
+	}
+	p := filepath.Join(a, "d", "held")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first := bytes.Repeat([]byte("w"), 5000)
+	if _, err := f.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	stamp := time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC)
+	local := ca.LocalSetAttrs()
+	if err := os.Chtimes(p, stamp, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if ca.LocalSetAttrs() != local+1 {
+		t.Fatalf("the times were not set on the unsent create (%d local changes)", ca.LocalSetAttrs()-local)
+	}
+	got, err := os.ReadFile(filepath.Join(b, "d", "held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, first) {
+		t.Fatalf("the other mount reads %d bytes (%q...), want the %d written", len(got), got[:min(len(got), 8)], len(first))
+	}
+	more := bytes.Repeat([]byte("m"), 3000)
+	if _, err := f.Write(more); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err = os.ReadFile(filepath.Join(b, "d", "held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append(first, more...); !bytes.Equal(got, want) {
+		t.Fatalf("after the close the other mount reads %d bytes, want %d", len(got), len(want))
+	}
+}
