@@ -125,11 +125,7 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 		}
 		return nil
 	}
-	if err := t.syncChunk(f, id); err != nil {
-		return err
-	}
-	t.clearDirty(id)
-	return t.syncEntries(id.Ino)
+	return t.syncChunkAndEntries(f, id)
 }
 
 // startWritebackAt is the least write (not synced) whose bytes go to the
