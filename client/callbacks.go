@@ -166,6 +166,7 @@ func (c *Client) deliver(inv *weftv1.Invalidation) {
 	c.dropNoXattrs(inv)
 	c.handleRecalls(inv)
 	c.dirs.invalidate(inv)
+	c.layoutHints.invalidate(inv)
 	c.dropReadCaches(inv)
 	c.cb.hook(inv)
 }

@@ -111,6 +111,10 @@ type Client struct {
 	// localSetAttrs counts attribute changes applied to unsent creates
 	// (setAttrLocal).
 	localSetAttrs atomic.Uint64
+	// layoutHints are regular files' layouts heard lately; earlyOpens
+	// counts chunks opened beside their file's open (earlyopen.go).
+	layoutHints layoutHints
+	earlyOpens  atomic.Uint64
 
 	sessionMu sync.Mutex
 	session   string

@@ -48,10 +48,20 @@ func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, fl
 	c.opens.replayMu.RLock() // until the file is counted (replay.go)
 	defer c.opens.replayMu.RUnlock()
 	sess := c.Session()
+	early := c.openEarly(ino, flags)
 	c.countMeta()
 	resp, err := c.meta.Open(ctx, &weftv1.OpenRequest{Caller: caller, Ino: ino, Flags: flags, Session: sess})
 	if err != nil {
+		if early != nil {
+			c.dropRef(early)
+		}
 		return nil, nil, err
+	}
+	if early != nil {
+		early.adoptEarly(resp.Attr)
+		f := &File{c: c, ino: ino, flags: flags, session: sess, caller: caller, in: early}
+		c.opens.add(ino)
+		return f, c.overlay(resp.Attr, 0, false), nil
 	}
 	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
 }

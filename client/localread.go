@@ -352,13 +352,13 @@ func (in *inode) dropChunkLocked(lc *localChunk) {
 }
 
 // findLocalLocked returns the open chunk idx if it is still good to read
-// at chain version version; one that is not is dropped.
-func (in *inode) findLocalLocked(idx, version uint64) *localChunk {
+// from chain ch at its current version; one that is not is dropped.
+func (in *inode) findLocalLocked(idx uint64, ch *weftv1.Chain) *localChunk {
 	lc := in.local.chunks[idx]
 	if lc == nil {
 		return nil
 	}
-	if lc.version == version && lc.fileSize == in.sizeLocked() && lc.w.LeaseFresh(in.c.bg) {
+	if lc.chain == ch.Id && lc.version == ch.Version && lc.fileSize == in.sizeLocked() && lc.w.LeaseFresh(in.c.bg) {
 		return lc
 	}
 	// A new chain version, an expired lease, or a length another client
@@ -514,7 +514,7 @@ func (in *inode) localChunkFor(ctx context.Context, layout *weftv1.Layout, idx u
 		}
 		done := in.local.pending[idx]
 		if done == nil {
-			if lc := in.findLocalLocked(idx, ch.Version); lc != nil {
+			if lc := in.findLocalLocked(idx, ch); lc != nil {
 				if !verify {
 					in.local.tick++
 					lc.used = in.local.tick

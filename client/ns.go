@@ -19,6 +19,7 @@ func (c *Client) overlay(attr *weftv1.Attr, gen uint64, fresh bool) *weftv1.Attr
 		return nil
 	}
 	c.seen(attr.Ino)
+	c.layoutHints.note(attr)
 	in := c.lookupInode(attr.Ino)
 	if in == nil {
 		return attr
