@@ -97,6 +97,12 @@ type Config struct {
 	// NoDelegations turns create delegations off: every create is a call
 	// to the meta service (see README.md "Create delegations").
 	NoDelegations bool
+	// CreateSendDelay is the longest a file made under a delegation waits
+	// to be sent to the meta service when nobody waits for it (0: 2 ms).
+	// Longer lets more files go in one call, and more files' lengths and
+	// attribute changes go with their creates; it is also how long an
+	// empty file closed without I/O may go unsent.
+	CreateSendDelay time.Duration
 }
 
 // Client is a connection to one weft cluster: a session with the meta

@@ -392,7 +392,7 @@ func (c *Client) pendingTimer() {
 		d.mu.Unlock()
 		return
 	}
-	if wait := pendingDelay - time.Since(oldest.made); wait > 0 {
+	if wait := c.createSendDelay() - time.Since(oldest.made); wait > 0 {
 		time.AfterFunc(wait, c.pendingTimer)
 		d.mu.Unlock()
 		return
@@ -408,8 +408,16 @@ func (c *Client) armPendingLocked() {
 	d := &c.deleg
 	if !d.timer && len(d.queue) > 0 {
 		d.timer = true
-		time.AfterFunc(pendingDelay, c.pendingTimer)
+		time.AfterFunc(c.createSendDelay(), c.pendingTimer)
 	}
+}
+
+// createSendDelay is Config.CreateSendDelay or its default.
+func (c *Client) createSendDelay() time.Duration {
+	if c.cfg.CreateSendDelay > 0 {
+		return c.cfg.CreateSendDelay
+	}
+	return pendingDelay
 }
 
 // beginFlush notes that the file of p is being flushed: its create waits

@@ -20,8 +20,16 @@ import (
 // waits until its callback stream is live (with callbacks on).
 func mountWith(t *testing.T, tc *testCluster, opts Options) (string, *client.Client, *FS) {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	c, err := client.New(context.Background(), client.Config{MetaAddr: tc.metaAddr, MountPoint: "test", Logger: log})
+	return mountWithConfig(t, tc, opts, client.Config{})
+}
+
+// mountWithConfig is mountWith with the client configured by cfg (its
+// meta address, mount point and logger are set here).
+func mountWithConfig(t *testing.T, tc *testCluster, opts Options, cfg client.Config) (string, *client.Client, *FS) {
+	t.Helper()
+	cfg.MetaAddr, cfg.MountPoint = tc.metaAddr, "test"
+	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := client.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,19 @@ func needFUSE(t *testing.T) {
 // root's attributes warm again.
 func mountFreshDir(t *testing.T) (*testCluster, string, *client.Client) {
 	t.Helper()
+	return mountFreshDirConfig(t, client.Config{})
+}
+
+// slowSends is a client configuration whose made files wait a second
+// before they are sent when nobody waits for them: tests that count what
+// goes with a create do not depend on the machine being quick.
+var slowSends = client.Config{CreateSendDelay: time.Second}
+
+// mountFreshDirConfig is mountFreshDir with the client configured by cfg.
+func mountFreshDirConfig(t *testing.T, cfg client.Config) (*testCluster, string, *client.Client) {
+	t.Helper()
 	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
-	dir, c, _ := mountWith(t, tc, Options{})
+	dir, c, _ := mountWithConfig(t, tc, Options{}, cfg)
 	d := filepath.Join(dir, "fresh")
 	if err := os.Mkdir(d, 0o755); err != nil {
 		t.Fatal(err)
@@ -165,10 +176,17 @@ func TestCreateMetaCalls(t *testing.T) {
 // first mount.
 func twoMountsWithDir(t *testing.T) (a, b string, ca *client.Client) {
 	t.Helper()
+	return twoMountsWithDirConfig(t, client.Config{})
+}
+
+// twoMountsWithDirConfig is twoMountsWithDir with the first mount's client
+// configured by cfg.
+func twoMountsWithDirConfig(t *testing.T, cfg client.Config) (a, b string, ca *client.Client) {
+	t.Helper()
 	needFUSE(t)
 	tc := startCluster(t, &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 1, Replicas: 1}, 1)
 	long := Options{AttrTimeout: 10 * time.Minute, EntryTimeout: 10 * time.Minute}
-	a, ca, _ = mountWith(t, tc, long)
+	a, ca, _ = mountWithConfig(t, tc, long, cfg)
 	b, _, _ = mountWith(t, tc, long)
 	if err := os.Mkdir(filepath.Join(a, "d"), 0o755); err != nil {
 		t.Fatal(err)
@@ -479,7 +497,7 @@ func TestRenameMetaCalls(t *testing.T) {
 // background, and the creates that follow are answered here again.
 func TestDelegatedWritesOneMetaCall(t *testing.T) {
 	needFUSE(t)
-	tc, d, c := mountFreshDir(t)
+	tc, d, c := mountFreshDirConfig(t, slowSends)
 	write := func(name string, data []byte) {
 		t.Helper()
 		if err := os.WriteFile(filepath.Join(d, name), data, 0o644); err != nil {
@@ -565,7 +583,7 @@ func TestDelegatedWritesOneMetaCall(t *testing.T) {
 // what was set.
 func TestDelegatedUnpackOneMetaCall(t *testing.T) {
 	needFUSE(t)
-	tc, d, c := mountFreshDir(t)
+	tc, d, c := mountFreshDirConfig(t, slowSends)
 	for i := range 3 {
 		if err := os.WriteFile(filepath.Join(d, fmt.Sprint("first", i)), nil, 0o644); err != nil {
 			t.Fatal(err)
@@ -708,7 +726,7 @@ func TestMkdirDelegates(t *testing.T) {
 // before it is closed (the recall sends the create), it reads the bytes
 // written, not zeros, and after the close the whole file.
 func TestHeldCreateSendsDataFirst(t *testing.T) {
-	a, b, ca := twoMountsWithDir(t)
+	a, b, ca := twoMountsWithDirConfig(t, slowSends)
 	for i := range 3 {
 		if err := os.WriteFile(filepath.Join(a, "d", fmt.Sprint("first", i)), nil, 0o644); err != nil {
 			t.Fatal(err)
