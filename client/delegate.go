@@ -782,14 +782,10 @@ func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
 func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 	d := &c.deleg
 	d.mu.Lock()
-	if d.asking == nil {
-		d.asking = make(map[uint64]bool)
-	}
-	if d.asking[dir] || time.Since(d.unlearned[dir]) < relearnAfter {
+	if time.Since(d.unlearned[dir]) < relearnAfter || !d.claimLocked(dir) {
 		d.mu.Unlock()
 		return
 	}
-	d.asking[dir] = true
 	d.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
@@ -833,19 +829,28 @@ func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 	}()
 }
 
+// claimLocked marks dir as being asked for (a listing or a grant under
+// way), unless it already is; it reports whether it was not.
+func (d *delegState) claimLocked(dir uint64) bool {
+	if d.asking == nil {
+		d.asking = make(map[uint64]bool)
+	}
+	if d.asking[dir] {
+		return false
+	}
+	d.asking[dir] = true
+	return true
+}
+
 // askDelegation asks the meta service for dir in the background (also to
 // get more inode numbers for a directory already held).
 func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
 	d := &c.deleg
 	d.mu.Lock()
-	if d.asking == nil {
-		d.asking = make(map[uint64]bool)
-	}
-	if d.asking[dir] {
+	if !d.claimLocked(dir) {
 		d.mu.Unlock()
 		return
 	}
-	d.asking[dir] = true
 	d.mu.Unlock()
 	c.wg.Add(1)
 	go func() {

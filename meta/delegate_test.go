@@ -160,6 +160,26 @@ func TestDelegationRefusedOnEtcd(t *testing.T) {
 	}
 }
 
+// delegatedDir starts a meta service with one chunk server, makes a
+// directory of mode mode and has it granted to a new session: the
+// service, its client, the session and the grant.
+func delegatedDir(t *testing.T, mode uint32) (*Service, weftv1.MetaClient, *watcher, *weftv1.DelegateResponse) {
+	t.Helper()
+	ctx := context.Background()
+	s := openService(t, nil, startChunkServer(t))
+	m := serveMeta(t, s)
+	a := watch(t, m)
+	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: d.Attr.Ino})
+	if err != nil || !g.Granted {
+		t.Fatalf("delegate: %v %v", g, err)
+	}
+	return s, m, a, g
+}
+
 // TestDelegationLayouts checks the layouts a grant places for its files
 // and what CreateMany does with a file that carries one: kept as given,
 // its length and mtime stored with the create when it was written and
@@ -167,18 +187,8 @@ func TestDelegationRefusedOnEtcd(t *testing.T) {
 // could have placed.
 func TestDelegationLayouts(t *testing.T) {
 	ctx := context.Background()
-	s := openService(t, nil, startChunkServer(t))
-	m := serveMeta(t, s)
-	a := watch(t, m)
-	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o755})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := d.Attr.Ino
-	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: dir})
-	if err != nil || !g.Granted {
-		t.Fatalf("delegate: %v %v", g, err)
-	}
+	s, m, a, g := delegatedDir(t, 0o755)
+	dir := g.Dir.Ino
 	if len(g.Layouts) != delegationLayouts {
 		t.Fatalf("grant placed %d layouts, want %d", len(g.Layouts), delegationLayouts)
 	}
@@ -284,18 +294,8 @@ func TestPendingRangesNotGarbage(t *testing.T) {
 // file.
 func TestCreateManyAppliesChanges(t *testing.T) {
 	ctx := context.Background()
-	s := openService(t, nil, startChunkServer(t))
-	m := serveMeta(t, s)
-	a := watch(t, m)
-	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o777})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := d.Attr.Ino
-	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: dir})
-	if err != nil || !g.Granted {
-		t.Fatalf("delegate: %v %v", g, err)
-	}
+	_, m, a, g := delegatedDir(t, 0o777)
+	dir := g.Dir.Ino
 	user := &weftv1.Caller{Uid: 1000, Gid: 100, Session: a.session}
 	const made, wrote, stamped = int64(1e18), int64(1e18 + 5), int64(1e9)
 	times := func(mtime int64) *weftv1.SetAttrRequest {
@@ -391,24 +391,14 @@ func TestMkdirDelegation(t *testing.T) {
 // client must hear so rather than keep an empty file.
 func TestCollectedFileRefused(t *testing.T) {
 	ctx := context.Background()
-	s := openService(t, nil, startChunkServer(t))
-	m := serveMeta(t, s)
-	a := watch(t, m)
-	d, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: "d", Mode: 0o755})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := m.Delegate(ctx, &weftv1.DelegateRequest{Caller: a.caller, Dir: d.Attr.Ino})
-	if err != nil || !g.Granted {
-		t.Fatalf("delegate: %v %v", g, err)
-	}
+	s, m, a, g := delegatedDir(t, 0o755)
 	dead := g.InoFirst + 1
 	if err := s.update(ctx, func(x *tx) error { return x.t.Set(deadKey(dead), nil) }); err != nil {
 		t.Fatal(err)
 	}
 	cm, err := m.CreateMany(ctx, &weftv1.CreateManyRequest{Session: a.session, Files: []*weftv1.NewFile{
-		{Caller: a.caller, Parent: d.Attr.Ino, Name: "alive", Mode: 0o644, Ino: g.InoFirst, Layout: g.Layouts[0]},
-		{Caller: a.caller, Parent: d.Attr.Ino, Name: "collected", Mode: 0o644, Ino: dead, Layout: g.Layouts[0]},
+		{Caller: a.caller, Parent: g.Dir.Ino, Name: "alive", Mode: 0o644, Ino: g.InoFirst, Layout: g.Layouts[0]},
+		{Caller: a.caller, Parent: g.Dir.Ino, Name: "collected", Mode: 0o644, Ino: dead, Layout: g.Layouts[0]},
 	}})
 	if err != nil {
 		t.Fatal(err)

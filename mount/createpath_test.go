@@ -504,17 +504,7 @@ func TestDelegatedWritesOneMetaCall(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := range 3 { // the creates that make the mount ask for the directory
-		write(fmt.Sprint("first", i), []byte("x"))
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if held, _ := c.Delegations(); held == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delegation after 3 creates")
-		}
-	}
+	delegateDir(t, d, c)
 	const n = 40
 	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 10000+i) }
 	calls, commits := c.MetaCalls(), c.CommitsSent()
@@ -584,19 +574,7 @@ func TestDelegatedWritesOneMetaCall(t *testing.T) {
 func TestDelegatedUnpackOneMetaCall(t *testing.T) {
 	needFUSE(t)
 	tc, d, c := mountFreshDirConfig(t, slowSends)
-	for i := range 3 {
-		if err := os.WriteFile(filepath.Join(d, fmt.Sprint("first", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if held, _ := c.Delegations(); held == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delegation after 3 creates")
-		}
-	}
+	delegateDir(t, d, c)
 	const n = 30
 	stamp := time.Date(2020, 2, 3, 4, 5, 6, 0, time.UTC)
 	calls, commits, local := c.MetaCalls(), c.CommitsSent(), c.LocalSetAttrs()
@@ -687,14 +665,7 @@ func TestMkdirDelegates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if held, _ := c.Delegations(); held == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delegation after 5 creates")
-		}
-	}
+	waitHeld(t, c, 1)
 	const dirs = 10
 	calls := c.MetaCalls()
 	_, made0 := c.Delegations()
@@ -727,19 +698,7 @@ func TestMkdirDelegates(t *testing.T) {
 // written, not zeros, and after the close the whole file.
 func TestHeldCreateSendsDataFirst(t *testing.T) {
 	a, b, ca := twoMountsWithDirConfig(t, slowSends)
-	for i := range 3 {
-		if err := os.WriteFile(filepath.Join(a, "d", fmt.Sprint("first", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if held, _ := ca.Delegations(); held == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delegation after 3 creates")
-		}
-	}
+	delegateDir(t, filepath.Join(a, "d"), ca)
 	p := filepath.Join(a, "d", "held")
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -778,5 +737,31 @@ func TestHeldCreateSendsDataFirst(t *testing.T) {
 	}
 	if want := append(first, more...); !bytes.Equal(got, want) {
 		t.Fatalf("after the close the other mount reads %d bytes, want %d", len(got), len(want))
+	}
+}
+
+// delegateDir makes 3 files in directory d through the mount of c, and
+// waits until c holds d's delegation.
+func delegateDir(t *testing.T, d string, c *client.Client) {
+	t.Helper()
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprint("first", i)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitHeld(t, c, 1)
+}
+
+// waitHeld waits until c holds n delegations.
+func waitHeld(t *testing.T, c *client.Client, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if held, _ := c.Delegations(); held == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			held, _ := c.Delegations()
+			t.Fatalf("%d delegations held after 5 s, want %d", held, n)
+		}
 	}
 }
