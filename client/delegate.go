@@ -787,11 +787,7 @@ func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 		return
 	}
 	d.mu.Unlock()
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
-		defer cancel()
+	c.background(10*time.Second, func(ctx context.Context) {
 		var err error
 		// A listing overtaken by a change of the directory (this
 		// client's own creates go on meanwhile) is not taken: try a few
@@ -826,6 +822,18 @@ func (c *Client) learnDir(caller *weftv1.Caller, dir uint64) {
 		if !held && c.dirs.attr(dir) != nil && c.dirs.known(dir) {
 			c.askDelegation(caller, dir)
 		}
+	})
+}
+
+// background runs fn on a goroutine of the client's (Close waits for
+// it) with a context that ends after timeout, or when the client closes.
+func (c *Client) background(timeout time.Duration, fn func(ctx context.Context)) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.bg, timeout)
+		defer cancel()
+		fn(ctx)
 	}()
 }
 
@@ -852,11 +860,7 @@ func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
 		return
 	}
 	d.mu.Unlock()
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.bg, 10*time.Second)
-		defer cancel()
+	c.background(10*time.Second, func(ctx context.Context) {
 		sess := caller.GetSession()
 		c.countMeta()
 		resp, err := c.meta.Delegate(ctx, &weftv1.DelegateRequest{Caller: caller, Dir: dir, NoInos: c.enoughInos()})
@@ -868,7 +872,7 @@ func (c *Client) askDelegation(caller *weftv1.Caller, dir uint64) {
 			return
 		}
 		c.installGrant(dir, sess, resp)
-	}()
+	})
 }
 
 // enoughInos reports whether the inode numbers left from earlier grants
@@ -970,11 +974,7 @@ func (c *Client) handleRecalls(inv *weftv1.Invalidation) {
 		}
 	}
 	d.mu.Unlock()
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		ctx, cancel := context.WithTimeout(c.bg, 30*time.Second)
-		defer cancel()
+	c.background(30*time.Second, func(ctx context.Context) {
 		c.sendPending(ctx)
 		if err := c.registerOpens(ctx); err != nil {
 			c.log.Warn("recording the opens of files made under a recalled delegation failed", "err", err)
@@ -992,5 +992,5 @@ func (c *Client) handleRecalls(inv *weftv1.Invalidation) {
 			}
 			d.mu.Unlock()
 		}
-	}()
+	})
 }

@@ -740,8 +740,10 @@ func TestHeldCreateSendsDataFirst(t *testing.T) {
 	}
 }
 
-// delegateDir makes 3 files in directory d through the mount of c, and
-// waits until c holds d's delegation.
+// delegateDir makes 3 files in directory d through the mount of c, waits
+// until c holds d's delegation, and then until c's background meta calls
+// (the releases of those files) are over, so that they are not counted
+// with what follows.
 func delegateDir(t *testing.T, d string, c *client.Client) {
 	t.Helper()
 	for i := range 3 {
@@ -750,6 +752,7 @@ func delegateDir(t *testing.T, d string, c *client.Client) {
 		}
 	}
 	waitHeld(t, c, 1)
+	waitMetaQuiet(t, c)
 }
 
 // waitHeld waits until c holds n delegations.
