@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,6 +486,7 @@ func (c *Client) sendPending(ctx context.Context) {
 		last = d.queue[n-1]
 	}
 	d.mu.Unlock()
+	heldAgain := false
 	for last != nil {
 		select {
 		case d.slots <- struct{}{}:
@@ -494,6 +496,15 @@ func (c *Client) sendPending(ctx context.Context) {
 		}
 		d.mu.Lock()
 		n := min(len(d.queue), maxPendingBatch)
+		if !heldAgain && slices.ContainsFunc(d.queue[:n], func(p *pendingCreate) bool { return p.hold }) {
+			// Held since sendHeldData above (a utimes meanwhile): send
+			// its bytes first, once more.
+			d.mu.Unlock()
+			<-d.slots
+			heldAgain = true
+			c.sendHeldData(ctx)
+			continue
+		}
 		batch := d.queue[:n:n]
 		for _, p := range batch {
 			p.sent = true
