@@ -51,9 +51,10 @@ type layoutHints struct {
 	hints map[uint64]layoutHint
 }
 
-// note remembers a's layout and length if it is a regular file with both.
+// note remembers a's layout and length if it is a regular file with both,
+// of at most earlyMax bytes (larger files are not opened early).
 func (h *layoutHints) note(a *weftv1.Attr) {
-	if a.GetLayout() == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG || a.Size == 0 {
+	if a.GetLayout() == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG || a.Size == 0 || a.Size > earlyMax {
 		return
 	}
 	h.mu.Lock()
@@ -91,11 +92,11 @@ func (h *layoutHints) invalidate(inv *weftv1.Invalidation) {
 // with the open counted (the caller hands it on, or drops it with
 // dropRef if the open fails), or nil.
 func (c *Client) openEarly(ino uint64, flags uint32) *inode {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0 || !c.localReads() {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0 {
 		return nil
 	}
 	hint, ok := c.layoutHints.get(ino)
-	if !ok || hint.layout.ChunkSize == 0 || len(hint.layout.Chains) == 0 || hint.size > min(uint64(hint.layout.ChunkSize), earlyMax) {
+	if !ok || !c.localReads() || hint.layout.ChunkSize == 0 || len(hint.layout.Chains) == 0 || hint.size > uint64(hint.layout.ChunkSize) {
 		// A file of several chunks: its reader opens them in rounds. A
 		// larger one: where it is read first is not known, and that
 		// read's open has the server read in what it asks.
@@ -107,12 +108,8 @@ func (c *Client) openEarly(ino uint64, flags uint32) *inode {
 	if len(in.dirty) > 0 || len(in.inflight) > 0 || in.writtenLocked() {
 		return in // this client writes it: reads will overlay, leave it to them
 	}
-	ch := c.chains.get(chainFor(hint.layout, 0))
-	if ch == nil || in.avoidedLocked(0) || in.local.pending[0] != nil || in.findLocalLocked(0, ch) != nil {
-		return in
-	}
-	m, w := c.chains.localMember(ch)
-	if m == nil || c.localOpen.Load() >= maxLocalOpen {
+	ch, w, ok := in.localSourceLocked(hint.layout, 0)
+	if !ok || in.local.pending[0] != nil || in.findLocalLocked(0, ch) != nil {
 		return in
 	}
 	// The whole file is read in meanwhile: its first read brings it in

@@ -59,9 +59,7 @@ func (c *Client) Open(ctx context.Context, caller *weftv1.Caller, ino uint64, fl
 	}
 	if early != nil {
 		early.adoptEarly(resp.Attr)
-		f := &File{c: c, ino: ino, flags: flags, session: sess, caller: caller, in: early}
-		c.opens.add(ino)
-		return f, c.overlay(resp.Attr, 0, false), nil
+		return c.fileOf(ino, early, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
 	}
 	return c.newFile(resp.Attr, flags, sess, caller), c.overlay(resp.Attr, 0, false), nil
 }
@@ -93,12 +91,18 @@ func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint6
 }
 
 func (c *Client) newFile(attr *weftv1.Attr, flags uint32, sess string, caller *weftv1.Caller) *File {
-	f := &File{c: c, ino: attr.Ino, flags: flags, session: sess, caller: caller}
-	c.opens.add(attr.Ino)
+	var in *inode
 	if attr.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		f.in = c.acquire(attr)
+		in = c.acquire(attr)
 	}
-	return f
+	return c.fileOf(attr.Ino, in, flags, sess, caller)
+}
+
+// fileOf returns an open file of ino whose shared state in (nil for a
+// file that is not regular) already counts the open, and counts it open.
+func (c *Client) fileOf(ino uint64, in *inode, flags uint32, sess string, caller *weftv1.Caller) *File {
+	c.opens.add(ino)
+	return &File{c: c, ino: ino, flags: flags, session: sess, caller: caller, in: in}
 }
 
 // acquire returns the shared state of a regular file and counts one more
