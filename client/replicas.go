@@ -29,6 +29,10 @@ const (
 	// read of a MiB varies that much on a busy machine.
 	rttSlack  = 2 * time.Millisecond
 	nearRatio = 3.0
+	// rttOutlier: a sample counts for at most this many times the
+	// average (see observeAt), so the average of a replica that became
+	// slow grows by at most 1.6 times a read.
+	rttOutlier = 4.0
 	// rttRefBytes: latency samples are scaled to reads of this size.
 	rttRefBytes = 128 << 10
 	// downFor: a data server that refused a connection is avoided by
@@ -90,7 +94,13 @@ func (s *serverStat) observeAt(now time.Time, d time.Duration, n int) {
 	if prev := s.faded(now); prev == 0 {
 		s.rtt = d
 	} else {
-		s.rtt = time.Duration(rttAlpha*float64(d) + (1-rttAlpha)*float64(prev))
+		// One read stalled (a pause of either process, a busy core)
+		// must not send the replica away for seconds: a sample counts
+		// for at most rttOutlier times the average, or twice the
+		// floor (which a new period starts afresh, so a replica that
+		// is far indeed is seen at once).
+		limit := max(time.Duration(rttOutlier*float64(prev)), 2*s.floor, rttSlack)
+		s.rtt = time.Duration(rttAlpha*float64(min(d, limit)) + (1-rttAlpha)*float64(prev))
 	}
 	s.at = now
 	s.downUntil = time.Time{}

@@ -74,3 +74,61 @@ func TestPickReader(t *testing.T) {
 		})
 	}
 }
+
+// TestReadLatencyEstimate checks the latency average that picks replicas
+// on sequences of reads 10 ms apart: one stalled read does not make a
+// near replica look far, a replica that became slow looks far after a few
+// reads, and a far replica read again after a while looks far at once.
+func TestReadLatencyEstimate(t *testing.T) {
+	ms := time.Millisecond
+	repeat := func(d time.Duration, n int) []time.Duration {
+		s := make([]time.Duration, n)
+		for i := range s {
+			s[i] = d
+		}
+		return s
+	}
+	near := ms / 2
+	// far: beyond nearRatio times the near replica's latency, plus slack.
+	far := time.Duration(nearRatio*float64(near)) + rttSlack
+	tests := []struct {
+		name    string
+		reads   []time.Duration
+		gap     time.Duration // before the last read
+		wantFar bool
+		within  int // wantFar: at most this many of the last reads
+	}{
+		{name: "one stalled read", reads: append(repeat(near, 20), 200*ms), wantFar: false},
+		{name: "two stalled reads", reads: append(repeat(near, 20), 200*ms, 150*ms), wantFar: false},
+		{name: "became slow", reads: append(repeat(near, 20), repeat(20*ms, 6)...), wantFar: true, within: 6},
+		{name: "far from the start", reads: repeat(20*ms, 1), wantFar: true, within: 1},
+		{name: "far, read again after a while", reads: repeat(20*ms, 5), gap: 10 * time.Second, wantFar: true, within: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s serverStat
+			now := time.Now()
+			firstFar := -1
+			for i, d := range tt.reads {
+				now = now.Add(10 * ms)
+				if i == len(tt.reads)-1 {
+					now = now.Add(tt.gap)
+				}
+				if before, _ := s.view(now); before <= far {
+					firstFar = -1 // near (or faded) until this read
+				}
+				s.observeAt(now, d, 4096)
+				if est, _ := s.view(now); est > far && firstFar < 0 {
+					firstFar = i
+				}
+			}
+			est, _ := s.view(now)
+			if gotFar := est > far; gotFar != tt.wantFar {
+				t.Fatalf("latency estimate %v after %v; far (over %v): %v, want %v", est, tt.reads, far, gotFar, tt.wantFar)
+			}
+			if tt.wantFar && len(tt.reads)-firstFar > tt.within {
+				t.Errorf("seen far only after %d of the last reads, want within %d", len(tt.reads)-firstFar, tt.within)
+			}
+		})
+	}
+}
