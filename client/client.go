@@ -103,6 +103,11 @@ type Config struct {
 	// attribute changes go with their creates; it is also how long an
 	// empty file closed without I/O may go unsent.
 	CreateSendDelay time.Duration
+	// SerialCloses makes the close of a small file made under a
+	// delegation send its data and then its create, one after the other,
+	// instead of both at once with the meta service keeping a record
+	// until the data is confirmed (see README.md "Create delegations").
+	SerialCloses bool
 }
 
 // Client is a connection to one weft cluster: a session with the meta
@@ -117,6 +122,8 @@ type Client struct {
 	// localSetAttrs counts attribute changes applied to unsent creates
 	// (setAttrLocal).
 	localSetAttrs atomic.Uint64
+	// inFlightCloses counts closes that sent data and create at once.
+	inFlightCloses atomic.Uint64
 	// layoutHints are regular files' layouts heard lately; earlyOpens
 	// counts chunks opened beside their file's open (earlyopen.go).
 	layoutHints layoutHints
@@ -332,6 +339,7 @@ func (c *Client) Close() error {
 		ctx := context.Background()
 		err := c.FlushAll(ctx)
 		c.drainReleases()
+		c.sendConfirms() // else the meta service checks their data itself
 		c.cancelBg()
 		c.wg.Wait()
 		err = errors.Join(err, c.closeSession(ctx))

@@ -215,6 +215,11 @@ type delegState struct {
 	made      atomic.Uint64              // files made here
 	lastMade  atomic.Int64               // when the last one was made (Unix ns)
 	granted   atomic.Uint64              // grants received
+	// confirms are files sent with their data in flight whose data the
+	// data servers acknowledged, to confirm with the next CreateMany
+	// (inflight.go); confirmTimer: a lone send is scheduled.
+	confirms     []uint64
+	confirmTimer bool
 }
 
 // Delegations reports how many directories this client holds and how
@@ -572,7 +577,7 @@ func (c *Client) sendHeldData(ctx context.Context) {
 // It runs in the background (the files' creators wait on them, not on
 // the caller's context), retrying while the meta service is unreachable.
 func (c *Client) createMany(batch []*pendingCreate) {
-	req := &weftv1.CreateManyRequest{Session: c.Session(), Files: make([]*weftv1.NewFile, len(batch))}
+	req := &weftv1.CreateManyRequest{Session: c.Session(), Files: make([]*weftv1.NewFile, len(batch)), Confirmed: c.takeConfirms()}
 	for i, p := range batch {
 		req.Files[i] = p.nf
 	}
@@ -591,6 +596,11 @@ func (c *Client) createMany(batch []*pendingCreate) {
 	}
 	if err == nil && len(resp.Results) != len(batch) {
 		err = fmt.Errorf("meta service answered %d of %d files", len(resp.Results), len(batch))
+	}
+	if err != nil {
+		c.returnConfirms(req.Confirmed)
+	} else {
+		c.noteUnknownConfirms(resp.Unknown)
 	}
 	// The meta service answered (or will never): these no longer wait,
 	// counted before anyone waiting on one of them wakes.

@@ -247,6 +247,9 @@ func (in *inode) flush(ctx context.Context, final bool) error {
 		p := in.pending
 		in.mu.Unlock()
 		if p != nil {
+			if done, err := in.flushInFlight(ctx, p); done {
+				return err
+			}
 			// A create not sent yet waits for the flush, which sends it
 			// with the file's length.
 			in.c.beginFlush(p)
@@ -260,7 +263,21 @@ func (in *inode) flush(ctx context.Context, final bool) error {
 
 // flushData is flush without the hold of an unsent create.
 func (in *inode) flushData(ctx context.Context, final bool) error {
-	if err := in.sendAll(ctx, final); err != nil || !final {
+	if !final {
+		return in.sendAll(ctx, false)
+	}
+	if err := in.sendDurably(ctx); err != nil {
+		return err
+	}
+	return in.commit(ctx)
+}
+
+// sendDurably sends every buffered write, the last of each chunk with
+// sync, and makes the chains holding chunks written earlier without sync
+// durable (SyncFile); it returns (and forgets) the error of an earlier
+// failed background send.
+func (in *inode) sendDurably(ctx context.Context) error {
+	if err := in.sendAll(ctx, true); err != nil {
 		return err
 	}
 	in.mu.Lock()
@@ -270,7 +287,7 @@ func (in *inode) flushData(ctx context.Context, final bool) error {
 		// Nothing sent without sync since the last flush (a file only
 		// read, or whose last writes went with sync).
 		in.mu.Unlock()
-		return in.commit(ctx)
+		return nil
 	}
 	taken := maps.Clone(in.unsynced)
 	clear(in.unsynced)
@@ -292,7 +309,7 @@ func (in *inode) flushData(ctx context.Context, final bool) error {
 		in.restoreUnsynced(taken)
 		return err
 	}
-	return in.commit(ctx)
+	return nil
 }
 
 // restoreUnsynced puts back chunks whose sync did not happen.

@@ -489,14 +489,34 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 	if len(req.Files) > maxCreateMany {
 		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d files in one call, at most %d", len(req.Files), maxCreateMany)
 	}
+	if n := len(req.Confirmed) + len(req.Unwritten); n > maxConfirms {
+		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d confirmed or unwritten files in one call, at most %d", n, maxConfirms)
+	}
 	for attempt := 0; ; attempt++ {
 		resp, err := s.createMany(ctx, req)
 		if err == errLayoutChanged && attempt < 3 {
 			continue
 		}
-		return resp, err
+		if err != nil {
+			return resp, err
+		}
+		// Files whose data could not be written: settled now, so that
+		// nobody sees their length without their bytes.
+		for _, ino := range req.Unwritten {
+			emptied, err := s.resolveInFlight(ctx, ino)
+			if err != nil {
+				return nil, fserr.Wrap(syscall.EIO, "create many: %v", err)
+			}
+			if emptied {
+				resp.Emptied = append(resp.Emptied, ino)
+			}
+		}
+		return resp, nil
 	}
 }
+
+// maxConfirms bounds the confirmed and unwritten files of one CreateMany.
+const maxConfirms = 4096
 
 // createMany is one try of CreateMany: the directories' layouts are
 // looked up and placed first, and the transaction checks that they still
@@ -548,7 +568,17 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest)
 		if err != nil {
 			return err
 		}
-		if g != gen {
+		resp.Unknown = resp.Unknown[:0]
+		for _, ino := range req.Confirmed {
+			found, err := x.confirmInFlight(ino)
+			if err != nil {
+				return err
+			}
+			if !found {
+				resp.Unknown = append(resp.Unknown, ino)
+			}
+		}
+		if g != gen && len(req.Files) > 0 {
 			return errLayoutChanged
 		}
 		next, err := getUint64(x.t, keyNextIno)
@@ -561,7 +591,7 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest)
 			if given[i] != nil {
 				err = fserr.Wrap(syscall.EINVAL, "create %q in directory %d: %v", f.Name, f.Parent, given[i])
 			} else {
-				a, err = x.createDelegated(f, layouts[i], next, ownNext, ownEnd)
+				a, err = x.createDelegated(req.Session, f, layouts[i], next, ownNext, ownEnd)
 			}
 			r := &weftv1.NewFileResult{Attr: a}
 			if err != nil {
@@ -608,7 +638,7 @@ func (s *Service) lookTemplates(req *weftv1.CreateManyRequest, templates map[uin
 // createDelegated checks and makes one file of a CreateMany. next is the
 // inode counter, [ownNext, ownEnd) the numbers this server reserved and
 // has not handed out. Nothing is written unless every check passed.
-func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, ownNext, ownEnd uint64) (*weftv1.Attr, error) {
+func (x *tx) createDelegated(session string, f *weftv1.NewFile, layout *weftv1.Layout, next, ownNext, ownEnd uint64) (*weftv1.Attr, error) {
 	op := fmt.Sprintf("create %q in directory %d", f.Name, f.Parent)
 	if err := checkName("create", f.Parent, f.Name); err != nil {
 		return nil, err
@@ -678,6 +708,11 @@ func (x *tx) createDelegated(f *weftv1.NewFile, layout *weftv1.Layout, next, own
 	}
 	if err := x.countInode(false, a.Ino, 1); err != nil {
 		return nil, err
+	}
+	if f.DataInFlight && f.Committed && a.Size > 0 {
+		if err := x.putInFlight(session, a); err != nil {
+			return nil, err
+		}
 	}
 	return a, nil
 }

@@ -409,5 +409,8 @@ func (s *Service) sessionLoop(ctx context.Context) {
 		if err := s.expireSessions(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("expire sessions", "err", err)
 		}
+		if err := s.resolveOrphanedInFlight(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("files whose data was in flight when their writer went away could not be settled yet; will retry", "err", err)
+		}
 	}
 }

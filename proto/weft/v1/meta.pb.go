@@ -1263,8 +1263,15 @@ type NewFile struct {
 	Setattrs       []*SetAttrRequest `protobuf:"bytes,11,rep,name=setattrs,proto3" json:"setattrs,omitempty"`
 	SetattrTimesNs []int64           `protobuf:"varint,12,rep,packed,name=setattr_times_ns,json=setattrTimesNs,proto3" json:"setattr_times_ns,omitempty"`
 	CommitAfter    uint32            `protobuf:"varint,13,opt,name=commit_after,json=commitAfter,proto3" json:"commit_after,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With committed: the file's data (all in its first chunk) is on its
+	// way to the data servers at the same time, not durable yet. The meta
+	// service keeps a record of it until the client confirms the data
+	// (CreateManyRequest.confirmed); a record left when the session ends,
+	// or named in CreateManyRequest.unwritten, is resolved against the
+	// data servers: a file whose data did not arrive is cut to length 0.
+	DataInFlight  bool `protobuf:"varint,14,opt,name=data_in_flight,json=dataInFlight,proto3" json:"data_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NewFile) Reset() {
@@ -1388,13 +1395,26 @@ func (x *NewFile) GetCommitAfter() uint32 {
 	return 0
 }
 
+func (x *NewFile) GetDataInFlight() bool {
+	if x != nil {
+		return x.DataInFlight
+	}
+	return false
+}
+
 // CreateManyRequest sends files made under delegations, in one
 // transaction. No open is recorded: the client records the opens it still
 // holds (RecordOpens) before anything could remove the files' names.
 type CreateManyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Files         []*NewFile             `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Files   []*NewFile             `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
+	// Files sent with data_in_flight whose data the data servers have
+	// acknowledged: their records are dropped.
+	Confirmed []uint64 `protobuf:"varint,3,rep,packed,name=confirmed,proto3" json:"confirmed,omitempty"`
+	// Files sent with data_in_flight whose data could not be written: they
+	// are resolved against the data servers at once.
+	Unwritten     []uint64 `protobuf:"varint,4,rep,packed,name=unwritten,proto3" json:"unwritten,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1439,6 +1459,20 @@ func (x *CreateManyRequest) GetSession() string {
 func (x *CreateManyRequest) GetFiles() []*NewFile {
 	if x != nil {
 		return x.Files
+	}
+	return nil
+}
+
+func (x *CreateManyRequest) GetConfirmed() []uint64 {
+	if x != nil {
+		return x.Confirmed
+	}
+	return nil
+}
+
+func (x *CreateManyRequest) GetUnwritten() []uint64 {
+	if x != nil {
+		return x.Unwritten
 	}
 	return nil
 }
@@ -1506,8 +1540,14 @@ func (x *NewFileResult) GetError() string {
 }
 
 type CreateManyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*NewFileResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*NewFileResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Of CreateManyRequest.confirmed, those that had no record any more
+	// (resolved already: the session ended while the data was on its way).
+	Unknown []uint64 `protobuf:"varint,2,rep,packed,name=unknown,proto3" json:"unknown,omitempty"`
+	// Of CreateManyRequest.unwritten, those cut to length 0 (their data
+	// was not on the data servers).
+	Emptied       []uint64 `protobuf:"varint,3,rep,packed,name=emptied,proto3" json:"emptied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1545,6 +1585,20 @@ func (*CreateManyResponse) Descriptor() ([]byte, []int) {
 func (x *CreateManyResponse) GetResults() []*NewFileResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *CreateManyResponse) GetUnknown() []uint64 {
+	if x != nil {
+		return x.Unknown
+	}
+	return nil
+}
+
+func (x *CreateManyResponse) GetEmptied() []uint64 {
+	if x != nil {
+		return x.Emptied
 	}
 	return nil
 }
@@ -6598,7 +6652,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\"\x1a\n" +
-	"\x18ReturnDelegationResponse\"\x95\x03\n" +
+	"\x18ReturnDelegationResponse\"\xbb\x03\n" +
 	"\aNewFile\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -6613,16 +6667,21 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	" \x01(\x03R\amtimeNs\x123\n" +
 	"\bsetattrs\x18\v \x03(\v2\x17.weft.v1.SetAttrRequestR\bsetattrs\x12(\n" +
 	"\x10setattr_times_ns\x18\f \x03(\x03R\x0esetattrTimesNs\x12!\n" +
-	"\fcommit_after\x18\r \x01(\rR\vcommitAfter\"U\n" +
+	"\fcommit_after\x18\r \x01(\rR\vcommitAfter\x12$\n" +
+	"\x0edata_in_flight\x18\x0e \x01(\bR\fdataInFlight\"\x91\x01\n" +
 	"\x11CreateManyRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12&\n" +
-	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05files\"^\n" +
+	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05files\x12\x1c\n" +
+	"\tconfirmed\x18\x03 \x03(\x04R\tconfirmed\x12\x1c\n" +
+	"\tunwritten\x18\x04 \x03(\x04R\tunwritten\"^\n" +
 	"\rNewFileResult\x12!\n" +
 	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12\x14\n" +
 	"\x05errno\x18\x02 \x01(\rR\x05errno\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"F\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"z\n" +
 	"\x12CreateManyResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.weft.v1.NewFileResultR\aresults\"B\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.weft.v1.NewFileResultR\aresults\x12\x18\n" +
+	"\aunknown\x18\x02 \x03(\x04R\aunknown\x12\x18\n" +
+	"\aemptied\x18\x03 \x03(\x04R\aemptied\"B\n" +
 	"\x12RecordOpensRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
 	"\x04inos\x18\x02 \x03(\x04R\x04inos\"\x15\n" +

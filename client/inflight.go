@@ -1,0 +1,234 @@
+package client
+
+import (
+	"context"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/weft-fs/weft/internal/fserr"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Closes with the data and the create at once (README.md "Create
+// delegations", meta/inflight.go). The close of a small file made here
+// whose create is not sent yet sends its data to the data servers and
+// its create, with the length, to the meta service together, marked
+// data_in_flight, and returns once both answered. The meta service keeps
+// a record of the file until this client confirms the data: with the
+// next CreateMany, or alone after confirmDelay. If this client dies
+// between the two answers, the meta service settles the file against
+// the data servers when the session ends (cut to length 0 if its data is
+// not there), so no file shows a length whose bytes were never written.
+
+const (
+	// confirmDelay is how long confirmations wait for a CreateMany to
+	// carry them before they go alone.
+	confirmDelay = 20 * time.Millisecond
+	// maxConfirmsQueued bounds the confirmations kept while the meta
+	// service cannot be reached; those beyond it are left to the meta
+	// service's settling when the session ends (the data is there).
+	maxConfirmsQueued = 4096
+)
+
+// inFlightSafeFor is how long after its create went a file's data may be
+// acknowledged and still be confirmed later: the session that made the
+// file cannot have ended before it (the session is renewed every third
+// of its lease, and ends a lease after its last renewal). Data
+// acknowledged later is confirmed before the close returns.
+func (c *Client) inFlightSafeFor() time.Duration {
+	c.sessionMu.Lock()
+	defer c.sessionMu.Unlock()
+	return c.lease / 6
+}
+
+// flushInFlight is the final flush of a file made here whose create is
+// not sent yet, when all its bytes are in its first chunk: the data and
+// the create go at once. done is false when the file does not qualify
+// (the caller flushes it the usual way).
+func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool, err error) {
+	c := in.c
+	if !p.hasLayout() || c.cfg.SerialCloses {
+		return false, nil
+	}
+	in.commitMu.Lock()
+	defer in.commitMu.Unlock()
+	in.mu.Lock()
+	seq, size, mtime := in.writeSeq, in.localEnd, in.mtimeNs
+	ok := in.pending == p && in.writtenLocked() && in.err == nil && len(in.unsynced) == 0 &&
+		size > 0 && size <= uint64(p.nf.Layout.ChunkSize)
+	in.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	d := &c.deleg
+	d.mu.Lock()
+	if p.sent {
+		d.mu.Unlock()
+		return false, nil
+	}
+	p.nf.Committed, p.nf.Size, p.nf.MtimeNs, p.nf.DataInFlight = true, size, mtime, true
+	// The create may go before the bytes now: the record covers it.
+	p.hold = false
+	d.mu.Unlock()
+
+	sentAt := time.Now()
+	created := make(chan error, 1)
+	go func() { created <- c.awaitCreate(ctx, p) }()
+	dataErr := in.sendDurably(ctx)
+	ackedAt := time.Now()
+	if err := <-created; err != nil {
+		// Refused or never stored: as for any create made here, the
+		// error is the file's; its chunks belong to no file (fsck).
+		return true, err
+	}
+	in.mu.Lock()
+	in.pending = nil
+	in.mu.Unlock()
+	c.inFlightCloses.Add(1)
+	if dataErr != nil {
+		// The meta service has the length, the data servers perhaps
+		// not the bytes: have it settle the file now. The bytes stay
+		// buffered; a later flush sends them and commits the length.
+		emptied, err := c.reportUnwritten(ctx, p.nf.Ino)
+		if err != nil {
+			c.log.Warn("the data of a file could not be written and the meta service could not be told; it settles the file when this session ends",
+				"ino", p.nf.Ino, "err", err)
+		}
+		in.mu.Lock()
+		if emptied {
+			in.metaSize = 0
+		} else {
+			in.metaSize = p.attr.GetSize()
+		}
+		in.attrGen++
+		in.mu.Unlock()
+		return true, dataErr
+	}
+	if ackedAt.Sub(sentAt) > c.inFlightSafeFor() {
+		if err := c.confirmNow(ctx, p.nf.Ino); err != nil {
+			return true, err
+		}
+	} else {
+		c.queueConfirm(p.nf.Ino)
+	}
+	attr := p.attr
+	in.mu.Lock()
+	in.metaSize, in.metaMtimeNs = attr.GetSize(), attr.GetMtimeNs()
+	in.attrGen++
+	if in.writeSeq == seq {
+		in.committedSeq = seq
+		in.localEnd = 0
+	}
+	in.mu.Unlock()
+	return true, nil
+}
+
+// InFlightCloses reports how many closes sent a file's data and its
+// create at once.
+func (c *Client) InFlightCloses() uint64 { return c.inFlightCloses.Load() }
+
+// queueConfirm queues the confirmation of ino's data for the next
+// CreateMany, or alone after confirmDelay.
+func (c *Client) queueConfirm(ino uint64) {
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.confirms) >= maxConfirmsQueued {
+		return // settled when the session ends
+	}
+	d.confirms = append(d.confirms, ino)
+	if !d.confirmTimer {
+		d.confirmTimer = true
+		time.AfterFunc(confirmDelay, c.sendConfirms)
+	}
+}
+
+// takeConfirms takes the queued confirmations (for a CreateMany).
+func (c *Client) takeConfirms() []uint64 {
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := d.confirms
+	d.confirms = nil
+	return out
+}
+
+// returnConfirms puts back confirmations a CreateMany did not deliver.
+func (c *Client) returnConfirms(inos []uint64) {
+	if len(inos) == 0 {
+		return
+	}
+	d := &c.deleg
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.confirms = append(inos, d.confirms...)
+	if len(d.confirms) > maxConfirmsQueued {
+		d.confirms = d.confirms[:maxConfirmsQueued]
+	}
+}
+
+// sendConfirms sends the queued confirmations alone (confirmDelay after
+// the first was queued, when no CreateMany carried them).
+func (c *Client) sendConfirms() {
+	d := &c.deleg
+	d.mu.Lock()
+	d.confirmTimer = false
+	inos := d.confirms
+	d.confirms = nil
+	d.mu.Unlock()
+	if len(inos) == 0 || c.bg.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.bg, sessionCallTimeout)
+	defer cancel()
+	c.countMeta()
+	resp, err := c.meta.CreateMany(ctx, &weftv1.CreateManyRequest{Session: c.Session(), Confirmed: inos})
+	if err != nil {
+		c.log.Warn("confirming files whose data was written failed; will retry", "files", len(inos), "err", err)
+		c.returnConfirms(inos)
+		d.mu.Lock()
+		if !d.confirmTimer {
+			d.confirmTimer = true
+			time.AfterFunc(time.Second, c.sendConfirms)
+		}
+		d.mu.Unlock()
+		return
+	}
+	c.noteUnknownConfirms(resp.GetUnknown())
+}
+
+// noteUnknownConfirms logs confirmations the meta service had no record
+// of (settled already: this client's session ended meanwhile).
+func (c *Client) noteUnknownConfirms(unknown []uint64) {
+	if len(unknown) > 0 {
+		c.log.Warn("the meta service had settled files before their data was confirmed (this client's session ended meanwhile); check their contents",
+			"inos", unknown)
+	}
+}
+
+// confirmNow confirms ino's data before its close returns: an error if
+// the meta service settled the file already (its session ended while the
+// data was on its way), which may have emptied it.
+func (c *Client) confirmNow(ctx context.Context, ino uint64) error {
+	c.countMeta()
+	resp, err := c.meta.CreateMany(ctx, &weftv1.CreateManyRequest{Session: c.Session(), Confirmed: []uint64{ino}})
+	if err != nil {
+		return fserr.Wrap(syscall.EIO, "confirm the data of file %d with the meta service: %v", ino, err)
+	}
+	if slices.Contains(resp.GetUnknown(), ino) {
+		return fserr.Wrap(syscall.EIO, "file %d: its data reached the data servers after the meta service had given up on it (this client's session ended meanwhile); the file may be empty: write it again", ino)
+	}
+	return nil
+}
+
+// reportUnwritten tells the meta service that ino's data could not be
+// written; emptied reports that it cut the file to length 0.
+func (c *Client) reportUnwritten(ctx context.Context, ino uint64) (emptied bool, err error) {
+	c.countMeta()
+	resp, err := c.meta.CreateMany(ctx, &weftv1.CreateManyRequest{Session: c.Session(), Unwritten: []uint64{ino}})
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(resp.GetEmptied(), ino), nil
+}
