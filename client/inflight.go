@@ -54,16 +54,27 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	in.commitMu.Lock()
 	defer in.commitMu.Unlock()
 	in.mu.Lock()
-	seq, size, mtime := in.writeSeq, in.localEnd, in.mtimeNs
-	ok := in.pending == p && in.writtenLocked() && in.err == nil && len(in.unsynced) == 0 &&
-		size > 0 && size <= uint64(p.nf.Layout.ChunkSize)
+	seq, size, mtime, written := in.writeSeq, in.localEnd, in.mtimeNs, in.writtenLocked()
+	ok := in.pending == p && in.err == nil && len(in.unsynced) == 0
 	in.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
 	d := &c.deleg
 	d.mu.Lock()
-	if p.sent {
+	// Writes not committed yet, or committed into the create by a time
+	// change (setAttrLocal: the create holds their length, their bytes
+	// are still here).
+	if p.sent || !(written || p.nf.Committed && p.hold) {
+		d.mu.Unlock()
+		return false, nil
+	}
+	if written {
+		size, mtime = max(size, p.nf.Size), max(mtime, p.nf.MtimeNs)
+	} else {
+		size, mtime = p.nf.Size, p.nf.MtimeNs
+	}
+	if size == 0 || size > uint64(p.nf.Layout.ChunkSize) {
 		d.mu.Unlock()
 		return false, nil
 	}
@@ -116,7 +127,7 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	in.mu.Lock()
 	in.metaSize, in.metaMtimeNs = attr.GetSize(), attr.GetMtimeNs()
 	in.attrGen++
-	if in.writeSeq == seq {
+	if written && in.writeSeq == seq {
 		in.committedSeq = seq
 		in.localEnd = 0
 	}

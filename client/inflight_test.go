@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-fs/weft/internal/perm"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -96,8 +97,25 @@ func TestInFlightCloseSettled(t *testing.T) {
 	if err := f.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := w.InFlightCloses(); n != 1 {
-		t.Fatalf("%d closes sent data and create at once, want 1", n)
+	// As GNU tar does: the times set on the open file after its write
+	// (which puts the length into the create), then the close.
+	tarred := randomBytes(rng, 10<<10)
+	mtime := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano()
+	f, _, err = w.Create(ctx, wroot, dir, "tarred", 0o644, syscall.O_WRONLY, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, tarred, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.SetAttr(ctx, &weftv1.SetAttrRequest{Caller: wroot, Ino: f.Ino(), Valid: perm.SetAtime | perm.SetMtime, AtimeNs: mtime, MtimeNs: mtime}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.InFlightCloses(); n != 2 {
+		t.Fatalf("%d closes sent data and create at once, want 2", n)
 	}
 	readBack := func(name string) []byte {
 		t.Helper()
@@ -181,5 +199,11 @@ func TestInFlightCloseSettled(t *testing.T) {
 	}
 	if got := readBack("kept"); !bytes.Equal(got, kept) {
 		t.Fatalf("the file closed with its data in flight reads %d bytes from another client after its writer died, want its %d", len(got), len(kept))
+	}
+	if got := readBack("tarred"); !bytes.Equal(got, tarred) {
+		t.Fatalf("the file whose times were set before its close reads %d bytes, want its %d", len(got), len(tarred))
+	}
+	if a, err := r.Lookup(ctx, root, dir, "tarred"); err != nil || a.MtimeNs != mtime {
+		t.Fatalf("the file whose times were set before its close: mtime %v, err %v; want %d", a.GetMtimeNs(), err, mtime)
 	}
 }
