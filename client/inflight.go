@@ -23,8 +23,10 @@ import (
 
 const (
 	// confirmDelay is how long confirmations wait for a CreateMany to
-	// carry them before they go alone.
-	confirmDelay = 20 * time.Millisecond
+	// carry them before they go alone: long enough that a stream of
+	// creates with pauses carries them all, short enough that records
+	// do not pile up (each costs a chunk read if the client dies).
+	confirmDelay = time.Second
 	// maxConfirmsQueued bounds the confirmations kept while the meta
 	// service cannot be reached; those beyond it are left to the meta
 	// service's settling when the session ends (the data is there).
