@@ -89,10 +89,15 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	created := make(chan error, 1)
 	go func() { created <- c.awaitCreate(ctx, p) }()
 	dataErr := in.sendDurably(ctx)
-	ackedAt := time.Now()
+	dataOK := dataErr == nil && time.Since(sentAt) <= c.inFlightSafeFor()
 	if err := <-created; err != nil {
-		// Refused or never stored: as for any create made here, the
-		// error is the file's; its chunks belong to no file (fsck).
+		if !p.stored() {
+			// The caller gave up (its context ended) while the create
+			// was on its way: settle the file once it is stored.
+			c.settleWhenStored(p, dataOK)
+		}
+		// Else refused or never stored: as for any create made here,
+		// the error is the file's; its chunks belong to no file (fsck).
 		return true, err
 	}
 	in.mu.Lock()
@@ -101,13 +106,10 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	c.inFlightCloses.Add(1)
 	if dataErr != nil {
 		// The meta service has the length, the data servers perhaps
-		// not the bytes: have it settle the file now. The bytes stay
-		// buffered; a later flush sends them and commits the length.
-		emptied, err := c.reportUnwritten(ctx, p.nf.Ino)
-		if err != nil {
-			c.log.Warn("the data of a file could not be written and the meta service could not be told; it settles the file when this session ends",
-				"ino", p.nf.Ino, "err", err)
-		}
+		// not the bytes: it settles the file now (it keeps the length
+		// if the bytes arrived after all, else cuts the file to 0).
+		// The close reports the error.
+		emptied := c.settleUnwritten(p.nf.Ino)
 		in.mu.Lock()
 		if emptied {
 			in.metaSize = 0
@@ -118,7 +120,8 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 		in.mu.Unlock()
 		return true, dataErr
 	}
-	if ackedAt.Sub(sentAt) > c.inFlightSafeFor() {
+	if !dataOK {
+		// Acknowledged late: the session may have ended meanwhile.
 		if err := c.confirmNow(ctx, p.nf.Ino); err != nil {
 			return true, err
 		}
@@ -135,6 +138,57 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	}
 	in.mu.Unlock()
 	return true, nil
+}
+
+// settleWhenStored waits in the background for the create of p, sent
+// with its data in flight by a close that gave up waiting, and then
+// confirms its data (dataOK: the data servers acknowledged it in time)
+// or has the meta service settle the file.
+func (c *Client) settleWhenStored(p *pendingCreate, dataOK bool) {
+	c.background(createManyRetryFor+time.Minute, func(ctx context.Context) {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return // settled when the session ends
+		}
+		if p.err != nil {
+			return
+		}
+		if dataOK {
+			c.queueConfirm(p.nf.Ino)
+			return
+		}
+		c.settleUnwritten(p.nf.Ino)
+	})
+}
+
+// settleUnwritten has the meta service settle ino, whose data may not
+// have reached the data servers, and reports whether it cut the file to
+// length 0. If the meta service cannot be told now, it is told in the
+// background (retrying for a minute), or settles the file itself when
+// the session ends.
+func (c *Client) settleUnwritten(ino uint64) (emptied bool) {
+	ctx, cancel := context.WithTimeout(c.bg, sessionCallTimeout)
+	emptied, err := c.reportUnwritten(ctx, ino)
+	cancel()
+	if err == nil || c.bg.Err() != nil {
+		return emptied
+	}
+	c.log.Warn("a file whose data could not be written could not be reported to the meta service; retrying",
+		"ino", ino, "err", err)
+	c.background(time.Minute, func(ctx context.Context) {
+		for ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			if _, err := c.reportUnwritten(ctx, ino); err == nil {
+				return
+			}
+		}
+	})
+	return false
 }
 
 // InFlightCloses reports how many closes sent a file's data and its

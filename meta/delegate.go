@@ -505,7 +505,15 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 		for _, ino := range req.Unwritten {
 			emptied, err := s.resolveInFlight(ctx, ino)
 			if err != nil {
-				return nil, fserr.Wrap(syscall.EIO, "create many: %v", err)
+				if len(req.Files) == 0 {
+					// Nothing else was done: the client tries again.
+					return nil, fserr.Wrap(syscall.EIO, "create many: %v", err)
+				}
+				// The files were made: answer them; the record stays
+				// for the session loop.
+				s.log.Warn("a file whose data did not arrive could not be settled yet; will retry when its session ends",
+					"ino", ino, "err", err)
+				continue
 			}
 			if emptied {
 				resp.Emptied = append(resp.Emptied, ino)
