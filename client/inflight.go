@@ -106,9 +106,25 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	c.inFlightCloses.Add(1)
 	if dataErr != nil {
 		// The meta service has the length, the data servers perhaps
-		// not the bytes: it settles the file now (it keeps the length
-		// if the bytes arrived after all, else cuts the file to 0).
-		// The close reports the error.
+		// not the bytes: it settles the file (it keeps the length if
+		// the bytes arrived after all, else cuts the file to 0). The
+		// close reports the error.
+		if ctx.Err() != nil {
+			// Interrupted: the sends go on; settle once they are done,
+			// so that none lands after the file was cut.
+			in.mu.Lock()
+			ops := make([]*sendOp, 0, len(in.inflight))
+			for _, op := range in.inflight {
+				ops = append(ops, op)
+			}
+			in.mu.Unlock()
+			c.background(createManyRetryFor, func(bctx context.Context) {
+				if waitOps(bctx, ops) == nil {
+					c.settleUnwritten(p.nf.Ino)
+				}
+			})
+			return true, dataErr
+		}
 		emptied := c.settleUnwritten(p.nf.Ino)
 		in.mu.Lock()
 		if emptied {
