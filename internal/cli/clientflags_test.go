@@ -2,6 +2,7 @@ package cli
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -36,30 +37,47 @@ func TestClientSettingsSizes(t *testing.T) {
 	}
 }
 
-// --local-reads and --create-delegations reach the client's
-// configuration: on by default, off when given false.
+// --local-reads, --create-delegations, --close-in-flight and
+// --create-send-delay reach the client's configuration: on (2 ms) by
+// default, off when given false; a bad delay is refused.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
 		args          []string
 		noLocalReads  bool
 		noDelegations bool
+		serialCloses  bool
+		sendDelay     time.Duration
+		wantErr       bool
 	}{
-		{nil, false, false},
-		{[]string{"--local-reads=false"}, true, false},
-		{[]string{"--local-reads=true"}, false, false},
-		{[]string{"--create-delegations=false"}, false, true},
+		{args: nil, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--local-reads=false"}, noLocalReads: true, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--local-reads=true"}, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--create-delegations=false"}, noDelegations: true, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--close-in-flight=false"}, serialCloses: true, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--create-send-delay", "50ms"}, sendDelay: 50 * time.Millisecond},
+		{args: []string{"--create-send-delay", "0"}, wantErr: true},
+		{args: []string{"--create-send-delay", "2h"}, wantErr: true},
 	} {
 		cmd := &cobra.Command{Use: "x"}
-		var s clientSettings
+		s := clientSettings{onUnavailable: client.OnUnavailableFail, unavailableTimeout: time.Second, writeBuffer: "64MiB", readAhead: "8MiB"}
 		s.addFlags(cmd)
 		if err := cmd.ParseFlags(tt.args); err != nil {
 			t.Fatal(err)
 		}
+		if err := s.check(); (err != nil) != tt.wantErr {
+			t.Errorf("%v: check: %v, want an error: %v", tt.args, err, tt.wantErr)
+			continue
+		}
+		if tt.wantErr {
+			continue
+		}
 		var cfg client.Config
 		s.apply(&cfg)
-		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations {
-			t.Errorf("%v: NoLocalReads = %v, NoDelegations = %v, want %v, %v", tt.args,
-				cfg.NoLocalReads, cfg.NoDelegations, tt.noLocalReads, tt.noDelegations)
+		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations ||
+			cfg.SerialCloses != tt.serialCloses || cfg.CreateSendDelay != tt.sendDelay {
+			t.Errorf("%v: NoLocalReads = %v, NoDelegations = %v, SerialCloses = %v, CreateSendDelay = %v; want %v, %v, %v, %v", tt.args,
+				cfg.NoLocalReads, cfg.NoDelegations, cfg.SerialCloses, cfg.CreateSendDelay,
+				tt.noLocalReads, tt.noDelegations, tt.serialCloses, tt.sendDelay)
 		}
 	}
 }

@@ -36,6 +36,8 @@ type clientSettings struct {
 	readAhead          string        // --read-ahead size; 0: off
 	localReads         bool          // --local-reads
 	delegations        bool          // --create-delegations
+	closeInFlight      bool          // --close-in-flight
+	createSendDelay    time.Duration // --create-send-delay
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -55,6 +57,11 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 	fl.BoolVar(&s.delegations, "create-delegations", true,
 		"take directories this mount makes many files in from the meta service and answer creates there locally, "+
 			"sending the files in batches within milliseconds (before an fsync, or the close of a written file, returns; embedded engine only); false: one meta call per create")
+	fl.DurationVar(&s.createSendDelay, "create-send-delay", 2*time.Millisecond,
+		"with --create-delegations, the longest a file made here waits to be sent when nobody waits for it (longer: more files per call)")
+	fl.BoolVar(&s.closeInFlight, "close-in-flight", true,
+		"the close of a small file made under a delegation sends its data and its create at once; the meta service "+
+			"keeps a record until the data is confirmed and empties the file if its data never arrived; false: data, then create")
 }
 
 // sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
@@ -88,6 +95,9 @@ func (s clientSettings) check() error {
 	if s.unavailableTimeout <= 0 {
 		return usagef("--unavailable-timeout must be positive, got %v", s.unavailableTimeout)
 	}
+	if s.createSendDelay <= 0 || s.createSendDelay > time.Minute {
+		return usagef("--create-send-delay must be between 1ns and 1m, got %v", s.createSendDelay)
+	}
 	_, _, err := s.sizes()
 	return err
 }
@@ -100,6 +110,8 @@ func (s clientSettings) apply(cfg *client.Config) {
 	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
 	cfg.NoLocalReads = !s.localReads
 	cfg.NoDelegations = !s.delegations
+	cfg.CreateSendDelay = s.createSendDelay
+	cfg.SerialCloses = !s.closeInFlight
 }
 
 func newMountCmd() *cobra.Command {
