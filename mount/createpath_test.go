@@ -507,10 +507,15 @@ func TestDelegatedWritesOneMetaCall(t *testing.T) {
 	delegateDir(t, d, c)
 	const n = 40
 	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 10000+i) }
-	calls, commits := c.MetaCalls(), c.CommitsSent()
+	calls, commits, inFlight := c.MetaCalls(), c.CommitsSent(), c.InFlightCloses()
 	_, made0 := c.Delegations()
 	for i := range n {
 		write(fmt.Sprint("f", i), data(i))
+	}
+	// Their closes send data and create at once (client/inflight.go);
+	// a create sent early by a slow moment of the machine does not.
+	if got := c.InFlightCloses() - inFlight; got < n*9/10 {
+		t.Errorf("%d of %d closes sent their data and create at once, want (nearly) all", got, n)
 	}
 	// A create is sent without its length when the file is not closed
 	// within milliseconds (a slow moment of the machine): allow a few.
@@ -577,7 +582,7 @@ func TestDelegatedUnpackOneMetaCall(t *testing.T) {
 	delegateDir(t, d, c)
 	const n = 30
 	stamp := time.Date(2020, 2, 3, 4, 5, 6, 0, time.UTC)
-	calls, commits, local := c.MetaCalls(), c.CommitsSent(), c.LocalSetAttrs()
+	calls, commits, local, inFlight := c.MetaCalls(), c.CommitsSent(), c.LocalSetAttrs(), c.InFlightCloses()
 	for i := range n {
 		p := filepath.Join(d, fmt.Sprint("f", i))
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -608,6 +613,9 @@ func TestDelegatedUnpackOneMetaCall(t *testing.T) {
 	}
 	if got := c.CommitsSent() - commits; got > n/10 {
 		t.Errorf("%d CommitWrite calls for %d files unpacked, want (nearly) none", got, n)
+	}
+	if got := c.InFlightCloses() - inFlight; got < n*9/10 {
+		t.Errorf("%d of %d closes sent their data and create at once, want (nearly) all", got, n)
 	}
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
 		t.Fatal(err)
