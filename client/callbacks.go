@@ -212,9 +212,30 @@ func (c *Client) Forget(inos ...uint64) {
 	if !c.cb.on.Load() || len(inos) == 0 {
 		return
 	}
-	// The meta service stops calling back about them: a directory among
-	// them is no longer known completely.
+	// A file whose attributes are kept stays known to the meta service
+	// (its Forget goes once it leaves the cache, filecache.go).
+	send := inos[:0:0]
+	for _, ino := range inos {
+		if !c.dirs.forgetFile(ino) {
+			send = append(send, ino)
+		}
+	}
+	c.sendForget(send...)
+}
+
+// sendForget queues Forget calls: the meta service stops calling back
+// about inos, so a directory among them is no longer known completely.
+func (c *Client) sendForget(inos ...uint64) {
+	if len(inos) == 0 {
+		return
+	}
 	c.dirs.changed(inos...)
+	c.queueForget(inos...)
+}
+
+// queueForget queues Forget calls of inos for the background sender
+// (without touching the directory cache: its release calls it).
+func (c *Client) queueForget(inos ...uint64) {
 	c.cb.fmu.Lock()
 	c.cb.forgets = append(c.cb.forgets, inos...)
 	c.cb.pending.Add(int64(len(inos)))

@@ -213,6 +213,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		groups:   groupCache{entries: make(map[uint32]groupEntry)},
 	}
 	conn.before = c.beforeCall
+	conn.after = c.afterCall
+	c.dirs.release = c.queueForget
 	c.deleg.slots = make(chan struct{}, maxCreateManyInFlight)
 	c.chains.init(c)
 	if err := c.openSession(ctx, false); err != nil {

@@ -736,11 +736,14 @@ func (c *Client) registerOpens(ctx context.Context) error {
 // change their directories, and their opens recorded before anything
 // that could remove a name.
 func (c *Client) beforeCall(ctx context.Context, method string) error {
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	if clearsFileAttrs[name] && c.dirs.hasFiles() {
+		c.dirs.dropFiles()
+	}
 	d := &c.deleg
 	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
 		return nil
 	}
-	name := method[strings.LastIndexByte(method, '/')+1:]
 	switch name {
 	case "Unlink", "Rename", "Link":
 		return c.registerOpens(ctx)
@@ -749,6 +752,15 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 		c.sendPending(ctx)
 	}
 	return nil
+}
+
+// afterCall runs when a meta call of this client returned: after a
+// change, kept files' attributes go again, and lookups answered while it
+// was on its way are not kept (they may predate it).
+func (c *Client) afterCall(method string) {
+	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] {
+		c.dirs.dropFiles()
+	}
 }
 
 // noteCreate counts an answered create in dir and asks for the directory

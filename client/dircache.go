@@ -49,9 +49,17 @@ type dirCache struct {
 	// kept like their names: the kernel asks for a directory's
 	// attributes again after every create in it.
 	attrs map[uint64]*weftv1.Attr
+	// files and entries hold regular files' attributes (filecache.go);
+	// fileGen counts dropFiles calls; release sends the Forget of a
+	// file the kernel forgot once it leaves them.
+	files   map[uint64]*cachedFile
+	entries map[entryKey]uint64
+	fileGen uint64
+	release func(inos ...uint64)
 
 	hits     atomic.Uint64 // lookups answered from here
 	attrHits atomic.Uint64 // getattrs answered from here
+	fileHits atomic.Uint64 // lookups and getattrs of files answered from here
 }
 
 // token returns a mark to pass to complete: a directory is only recorded
@@ -87,6 +95,7 @@ func (d *dirCache) noteLocked(dir uint64) {
 		delete(d.dirs, dir)
 	}
 	delete(d.attrs, dir)
+	d.dropFileLocked(dir)
 }
 
 // changed records that dirs changed in ways this client does not know
@@ -127,6 +136,7 @@ func (d *dirCache) dropAll() {
 	clear(d.dirs)
 	clear(d.attrs)
 	d.names = 0
+	d.dropFilesLocked()
 }
 
 // complete records that names are all of dir's entries, as read by a
@@ -306,6 +316,7 @@ func (d *dirCache) invalidate(inv *weftv1.Invalidation) {
 	}
 	for _, e := range inv.Entries {
 		d.noteLocked(e.Parent)
+		d.dropEntryLocked(e.Parent, e.Name)
 	}
 }
 

@@ -94,6 +94,8 @@ type metaConn struct {
 	// before runs ahead of every call (the client's delegations,
 	// delegate.go); nil: nothing.
 	before func(ctx context.Context, method string) error
+	// after, if set, runs when a call returned (whatever its outcome).
+	after func(method string)
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
@@ -249,6 +251,9 @@ func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, o
 		if err := m.before(ctx, method); err != nil {
 			return err
 		}
+	}
+	if m.after != nil {
+		defer m.after(method)
 	}
 	if name, ok := strings.CutPrefix(method, metaMethod); ok && batchMethods[name] && !m.batch.off.Load() {
 		a, aok := args.(proto.Message)

@@ -19,6 +19,7 @@ func (c *Client) overlay(attr *weftv1.Attr, gen uint64, fresh bool) *weftv1.Attr
 		return nil
 	}
 	c.seen(attr.Ino)
+	c.dirs.held(attr.Ino)
 	c.layoutHints.note(attr)
 	in := c.lookupInode(attr.Ino)
 	if in == nil {
@@ -61,6 +62,11 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 	if name != "." && name != ".." && c.knownMissing(parent, name) {
 		return nil, errKnownMissing(parent, name)
 	}
+	if a := c.cachedFileAttr(parent, name); a != nil {
+		return c.overlay(a, 0, false), nil
+	}
+	tok, track := c.dirToken()
+	gen := c.dirs.fileGeneration()
 	c.countMeta()
 	resp, err := c.meta.Lookup(ctx, &weftv1.LookupRequest{Caller: caller, Parent: parent, Name: name})
 	if err != nil {
@@ -69,6 +75,10 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 	if c.cb.on.Load() && c.dirs.missing(parent, name) {
 		// Made elsewhere; its callback is on the way.
 		c.dirs.changed(parent)
+	}
+	if track && name != "." && name != ".." && caller.GetSession() != "" && caller.GetSession() == c.Session() {
+		// The meta service calls this session back about the file now.
+		c.dirs.putFile(parent, name, resp.Attr, tok, gen)
 	}
 	return c.overlay(resp.Attr, 0, false), nil
 }
@@ -81,6 +91,12 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 func (c *Client) GetAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) {
 	if a := c.cachedDirAttr(ino); a != nil {
 		return a, nil
+	}
+	if c.cb.live.Load() {
+		if a := c.dirs.fileAttr(ino); a != nil {
+			c.dirs.fileHits.Add(1)
+			return c.overlay(a, 0, false), nil
+		}
 	}
 	return c.getAttr(ctx, ino)
 }

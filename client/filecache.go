@@ -1,0 +1,207 @@
+package client
+
+import (
+	"syscall"
+
+	"google.golang.org/protobuf/proto"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Regular files' attributes under callbacks (README.md "Files' attributes
+// under callbacks"). A lookup of a regular file answered by the meta
+// service while callbacks are live is kept: the entry (directory, name)
+// and the file's attributes. The meta service calls this session back
+// when either changes through another session, so a later lookup of the
+// same name, or a getattr of the file, is answered here. The kernel
+// forgetting the file (a page-cache drop, memory pressure) does not
+// forget it here: its Forget to the meta service waits until the entry
+// leaves this cache, so the callbacks keep coming meanwhile. What ends an
+// entry: a callback naming the file or the entry, any callback that asks
+// to drop everything (or the stream breaking), this client changing the
+// namespace or any attributes itself (setattr, write commits, creates,
+// removals, renames, links, xattrs: the meta service does not call a
+// session back for its own changes, so every cached file goes), and
+// eviction past maxCachedFiles.
+
+// maxCachedFiles bounds the files whose attributes are kept (and whose
+// callbacks the meta service keeps sending after the kernel forgot them).
+const maxCachedFiles = 1 << 16
+
+// entryKey names a directory entry.
+type entryKey struct {
+	dir  uint64
+	name string
+}
+
+// cachedFile is a regular file's attributes as the meta service answered
+// a lookup of it.
+type cachedFile struct {
+	attr  *weftv1.Attr
+	entry entryKey
+	// forgotten: the kernel forgot the file; its Forget goes to the meta
+	// service when the entry leaves the cache.
+	forgotten bool
+}
+
+// fileGeneration returns the count of dropFiles calls, for putFile.
+func (d *dirCache) fileGeneration() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fileGen
+}
+
+// putFile keeps a regular file's attributes and the entry that named it,
+// as read by a lookup started at tok and gen (fileGeneration), unless the
+// file or the directory changed since, or this client changed anything
+// since.
+func (d *dirCache) putFile(dir uint64, name string, a *weftv1.Attr, tok, gen uint64) {
+	if a == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if gen != d.fileGen || d.changedLocked(a.Ino, tok) || d.changedLocked(dir, tok) {
+		return
+	}
+	if d.files == nil {
+		d.files = make(map[uint64]*cachedFile)
+		d.entries = make(map[entryKey]uint64)
+	}
+	key := entryKey{dir, name}
+	if old := d.files[a.Ino]; old != nil {
+		delete(d.entries, old.entry)
+		old.entry, old.attr, old.forgotten = key, proto.Clone(a).(*weftv1.Attr), false
+		d.entries[key] = a.Ino
+		return
+	}
+	if other, ok := d.entries[key]; ok {
+		d.dropFileLocked(other)
+	}
+	for ino := range d.files {
+		if len(d.files) < maxCachedFiles {
+			break
+		}
+		d.dropFileLocked(ino)
+	}
+	d.files[a.Ino] = &cachedFile{attr: proto.Clone(a).(*weftv1.Attr), entry: key}
+	d.entries[key] = a.Ino
+}
+
+// file returns a copy of the attributes of the file name in dir, nil if
+// not kept. The kernel holds the file again: its Forget no longer waits.
+func (d *dirCache) file(dir uint64, name string) *weftv1.Attr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ino, ok := d.entries[entryKey{dir, name}]
+	if !ok {
+		return nil
+	}
+	f := d.files[ino]
+	f.forgotten = false
+	return proto.Clone(f.attr).(*weftv1.Attr)
+}
+
+// fileAttr returns a copy of a kept file's attributes, nil if none.
+func (d *dirCache) fileAttr(ino uint64) *weftv1.Attr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f := d.files[ino]
+	if f == nil {
+		return nil
+	}
+	return proto.Clone(f.attr).(*weftv1.Attr)
+}
+
+// held notes that ino was handed to the kernel again (a reply about it):
+// its Forget no longer waits.
+func (d *dirCache) held(ino uint64) {
+	d.mu.Lock()
+	if f := d.files[ino]; f != nil {
+		f.forgotten = false
+	}
+	d.mu.Unlock()
+}
+
+// forgetFile notes that the kernel forgot ino; it reports whether ino is
+// a kept file, whose Forget then waits until it leaves the cache.
+func (d *dirCache) forgetFile(ino uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f := d.files[ino]
+	if f == nil {
+		return false
+	}
+	f.forgotten = true
+	return true
+}
+
+// dropFiles forgets every kept file (this client changed something the
+// meta service will not call it back about); lookups started before are
+// not recorded.
+func (d *dirCache) dropFiles() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.fileGen++
+	d.dropFilesLocked()
+}
+
+// hasFiles reports whether any file is kept.
+func (d *dirCache) hasFiles() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.files) > 0
+}
+
+func (d *dirCache) dropFilesLocked() {
+	for ino := range d.files {
+		d.dropFileLocked(ino)
+	}
+}
+
+// dropFileLocked forgets a kept file; if the kernel forgot it too, its
+// Forget goes to the meta service now.
+func (d *dirCache) dropFileLocked(ino uint64) {
+	f := d.files[ino]
+	if f == nil {
+		return
+	}
+	delete(d.files, ino)
+	delete(d.entries, f.entry)
+	if f.forgotten && d.release != nil {
+		d.release(ino)
+	}
+}
+
+// dropEntryLocked forgets the file kept under an entry a callback named.
+func (d *dirCache) dropEntryLocked(dir uint64, name string) {
+	if ino, ok := d.entries[entryKey{dir, name}]; ok {
+		d.dropFileLocked(ino)
+	}
+}
+
+// clearsFileAttrs lists the meta calls of this client after which no kept
+// file's attributes can be trusted (the meta service does not call its
+// own session back).
+var clearsFileAttrs = map[string]bool{
+	"Create": true, "Mkdir": true, "Unlink": true, "Rmdir": true, "Rename": true, "Link": true,
+	"Symlink": true, "SetAttr": true, "CommitWrite": true, "SetXattr": true, "RemoveXattr": true,
+	"SetLayout": true, "CreateMany": true,
+}
+
+// cachedFileAttr returns the attributes of the regular file name in dir
+// if they are kept and callbacks are live.
+func (c *Client) cachedFileAttr(dir uint64, name string) *weftv1.Attr {
+	if !c.cb.live.Load() {
+		return nil
+	}
+	a := c.dirs.file(dir, name)
+	if a != nil {
+		c.dirs.fileHits.Add(1)
+	}
+	return a
+}
+
+// FileAttrHits reports how many lookups and getattrs of regular files
+// were answered from kept attributes without a call.
+func (c *Client) FileAttrHits() uint64 { return c.dirs.fileHits.Load() }

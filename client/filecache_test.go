@@ -1,0 +1,154 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weft-fs/weft/internal/perm"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// TestFileAttrsKeptUnderCallbacks checks the attributes of regular files
+// kept under callbacks: after the kernel forgot a file, a lookup and a
+// getattr of it are answered without a call; another client's append,
+// chmod and unlink reach the kept attributes by callback; this client's
+// own change drops them; a lookup made without this client's session
+// (no callbacks promised) is not kept.
+func TestFileAttrsKeptUnderCallbacks(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
+	tc := startCluster(t, layout, 1)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{OnInvalidate: func(*weftv1.Invalidation) {}, NoDelegations: true})
+	b := newTestClient(t, tc.metaAddr, Config{})
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.CallbacksLive() {
+		if time.Now().After(deadline) {
+			t.Fatal("callbacks not live after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	writeFile(t, b, "f", []byte("hello"))
+	caller := sessionCaller(a)
+
+	// Without the session, nothing is kept.
+	if _, err := a.Lookup(ctx, root, 1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	calls := a.MetaCalls()
+	if _, err := a.Lookup(ctx, root, 1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	if a.MetaCalls() == calls {
+		t.Fatal("a lookup without the session was answered from kept attributes (no callbacks were promised for it)")
+	}
+
+	at, err := a.Lookup(ctx, caller, 1, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Forget(at.Ino) // as the kernel does after a page-cache drop
+	calls, hits := a.MetaCalls(), a.FileAttrHits()
+	got, err := a.Lookup(ctx, caller, 1, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := a.GetAttr(ctx, at.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.MetaCalls() != calls || a.FileAttrHits() != hits+2 {
+		t.Fatalf("lookup and getattr of a kept file: %d meta calls, %d answered here; want none and 2",
+			a.MetaCalls()-calls, a.FileAttrHits()-hits)
+	}
+	if got.Size != 5 || got.Ino != at.Ino || g.Size != 5 {
+		t.Fatalf("kept attributes: size %d ino %d (getattr size %d), want 5 and %d", got.Size, got.Ino, g.Size, at.Ino)
+	}
+
+	// waitFor polls a's lookup of f until ok accepts it.
+	waitFor := func(what string, ok func(*weftv1.Attr, error) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			at, err := a.Lookup(ctx, caller, 1, "f")
+			if ok(at, err) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: a's lookup still gives %v, %v", what, at, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Another client's append.
+	f, _ := open(t, b, "f", syscall.O_WRONLY)
+	if _, err := f.WriteAt(ctx, []byte(" world"), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("another client's append", func(at *weftv1.Attr, err error) bool { return err == nil && at.Size == 11 })
+	// Another client's chmod.
+	if _, err := b.SetAttr(ctx, &weftv1.SetAttrRequest{Caller: root, Ino: at.Ino, Valid: perm.SetMode, Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("another client's chmod", func(at *weftv1.Attr, err error) bool { return err == nil && at.Mode&0o7777 == 0o600 })
+
+	// This client's own change (no callback comes for it). The kernel
+	// had forgotten the file: its Forget goes once the entry is dropped.
+	var released []uint64
+	a.dirs.mu.Lock()
+	release := a.dirs.release
+	a.dirs.release = func(inos ...uint64) {
+		released = append(released, inos...) // under a.dirs.mu
+		release(inos...)
+	}
+	a.dirs.mu.Unlock()
+	if _, err := a.Lookup(ctx, caller, 1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	a.Forget(at.Ino)
+	a.dirs.mu.Lock()
+	early := len(released)
+	a.dirs.mu.Unlock()
+	if _, err := a.SetAttr(ctx, &weftv1.SetAttrRequest{Caller: caller, Ino: at.Ino, Valid: perm.SetMode, Mode: 0o640}); err != nil {
+		t.Fatal(err)
+	}
+	a.dirs.mu.Lock()
+	late := slices.Clone(released)
+	a.dirs.mu.Unlock()
+	if early != 0 || !slices.Equal(late, []uint64{at.Ino}) {
+		t.Fatalf("Forgets released: %d while the file was kept, %v once it was dropped; want none, then [%d]", early, late, at.Ino)
+	}
+	if got, err := a.Lookup(ctx, caller, 1, "f"); err != nil || got.Mode&0o7777 != 0o640 {
+		t.Fatalf("after this client's chmod: mode %o, err %v; want 640", got.GetMode()&0o7777, err)
+	}
+
+	// This client's own append (committed at its close).
+	if _, err := a.Lookup(ctx, caller, 1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err = a.Open(ctx, caller, at.Ino, syscall.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(ctx, []byte("!"), 11); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Lookup(ctx, caller, 1, "f"); err != nil || got.Size != 12 {
+		t.Fatalf("after this client's append: size %d, err %v; want 12", got.GetSize(), err)
+	}
+
+	// Another client's unlink.
+	if err := b.Unlink(ctx, root, 1, "f"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("another client's unlink", func(_ *weftv1.Attr, err error) bool { return errors.Is(err, syscall.ENOENT) })
+}
