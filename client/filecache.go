@@ -98,6 +98,10 @@ func (d *dirCache) file(dir uint64, name string) *weftv1.Attr {
 		return nil
 	}
 	f := d.files[ino]
+	if f == nil {
+		delete(d.entries, entryKey{dir, name})
+		return nil
+	}
 	f.forgotten = false
 	return proto.Clone(f.attr).(*weftv1.Attr)
 }
