@@ -146,6 +146,17 @@ func TestFileAttrsKeptUnderCallbacks(t *testing.T) {
 		t.Fatalf("after this client's append: size %d, err %v; want 12", got.GetSize(), err)
 	}
 
+	// A listing with attributes (READDIRPLUS) keeps them too.
+	writeFile(t, b, "g", []byte("listed"))
+	if _, _, err := a.ReadDir(ctx, caller, 1, "", true); err != nil {
+		t.Fatal(err)
+	}
+	calls = a.MetaCalls()
+	if g, err := a.Lookup(ctx, caller, 1, "g"); err != nil || g.Size != 6 || a.MetaCalls() != calls {
+		t.Fatalf("lookup of a file listed with its attributes: size %d, err %v, %d meta calls; want 6 and none",
+			g.GetSize(), err, a.MetaCalls()-calls)
+	}
+
 	// Another client's unlink.
 	if err := b.Unlink(ctx, root, 1, "f"); err != nil {
 		t.Fatal(err)

@@ -288,10 +288,21 @@ func (c *Client) OpenDir(ctx context.Context, caller *weftv1.Caller, ino uint64,
 // dircache.go) while callbacks are live.
 func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64, startAfter string, plus bool) ([]*weftv1.DirEntry, bool, error) {
 	tok, track := c.dirToken()
+	gen := c.dirs.fileGeneration()
 	c.countMeta()
 	resp, err := c.meta.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: caller, Ino: ino, StartAfter: startAfter, Plus: plus, Limit: readDirPage})
 	if err != nil {
 		return nil, false, err
+	}
+	if track && plus && caller.GetSession() != "" && caller.GetSession() == c.Session() {
+		// The attributes came with the names (READDIRPLUS): kept as a
+		// lookup's are, so a walk of the tree after a cache drop asks
+		// the meta service only for the listings.
+		for _, e := range resp.Entries {
+			if e.Name != "." && e.Name != ".." {
+				c.dirs.putFile(ino, e.Name, e.Attr, tok, gen)
+			}
+		}
 	}
 	if track && startAfter == "" && !resp.More {
 		names := make([]string, len(resp.Entries))
