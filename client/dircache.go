@@ -52,10 +52,11 @@ type dirCache struct {
 	// files and entries hold regular files' attributes (filecache.go);
 	// fileGen counts dropFiles calls; release sends the Forget of a
 	// file the kernel forgot once it leaves them.
-	files   map[uint64]*cachedFile
-	entries map[entryKey]uint64
-	fileGen uint64
-	release func(inos ...uint64)
+	files     map[uint64]*cachedFile
+	entries   map[entryKey]uint64
+	forgotten map[uint64]struct{} // kept files the kernel forgot
+	fileGen   uint64
+	release   func(inos ...uint64)
 
 	hits     atomic.Uint64 // lookups answered from here
 	attrHits atomic.Uint64 // getattrs answered from here

@@ -71,7 +71,8 @@ func (d *dirCache) putFile(dir uint64, name string, a *weftv1.Attr, tok, gen uin
 	key := entryKey{dir, name}
 	if old := d.files[a.Ino]; old != nil {
 		delete(d.entries, old.entry)
-		old.entry, old.attr, old.forgotten = key, proto.Clone(a).(*weftv1.Attr), false
+		old.entry, old.attr = key, proto.Clone(a).(*weftv1.Attr)
+		d.setForgottenLocked(a.Ino, old, false)
 		d.entries[key] = a.Ino
 		return
 	}
@@ -102,7 +103,7 @@ func (d *dirCache) file(dir uint64, name string) *weftv1.Attr {
 		delete(d.entries, entryKey{dir, name})
 		return nil
 	}
-	f.forgotten = false
+	d.setForgottenLocked(ino, f, false)
 	return proto.Clone(f.attr).(*weftv1.Attr)
 }
 
@@ -122,7 +123,7 @@ func (d *dirCache) fileAttr(ino uint64) *weftv1.Attr {
 func (d *dirCache) held(ino uint64) {
 	d.mu.Lock()
 	if f := d.files[ino]; f != nil {
-		f.forgotten = false
+		d.setForgottenLocked(ino, f, false)
 	}
 	d.mu.Unlock()
 }
@@ -136,7 +137,7 @@ func (d *dirCache) forgetFile(ino uint64) bool {
 	if f == nil {
 		return false
 	}
-	f.forgotten = true
+	d.setForgottenLocked(ino, f, true)
 	return true
 }
 
@@ -157,9 +158,20 @@ func (d *dirCache) hasFiles() bool {
 	return len(d.files) > 0
 }
 
+// dropFilesLocked forgets every kept file at once (new maps rather than
+// a delete per file: a change of this client drops them all, and there
+// may be many), releasing the Forgets of those the kernel forgot.
 func (d *dirCache) dropFilesLocked() {
-	for ino := range d.files {
-		d.dropFileLocked(ino)
+	if len(d.files) == 0 {
+		return
+	}
+	var released []uint64
+	for ino := range d.forgotten {
+		released = append(released, ino)
+	}
+	d.files, d.entries, d.forgotten = nil, nil, nil
+	if len(released) > 0 && d.release != nil {
+		d.release(released...)
 	}
 }
 
@@ -172,9 +184,29 @@ func (d *dirCache) dropFileLocked(ino uint64) {
 	}
 	delete(d.files, ino)
 	delete(d.entries, f.entry)
-	if f.forgotten && d.release != nil {
-		d.release(ino)
+	if f.forgotten {
+		delete(d.forgotten, ino)
+		if d.release != nil {
+			d.release(ino)
+		}
 	}
+}
+
+// setForgottenLocked marks f (the kept file ino) forgotten by the kernel
+// or not.
+func (d *dirCache) setForgottenLocked(ino uint64, f *cachedFile, forgotten bool) {
+	if f.forgotten == forgotten {
+		return
+	}
+	f.forgotten = forgotten
+	if !forgotten {
+		delete(d.forgotten, ino)
+		return
+	}
+	if d.forgotten == nil {
+		d.forgotten = make(map[uint64]struct{})
+	}
+	d.forgotten[ino] = struct{}{}
 }
 
 // dropEntryLocked forgets the file kept under an entry a callback named.

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"syscall"
 	"testing"
@@ -162,4 +163,57 @@ func TestFileAttrsKeptUnderCallbacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("another client's unlink", func(_ *weftv1.Attr, err error) bool { return errors.Is(err, syscall.ENOENT) })
+}
+
+// TestFileCacheBoundAndRelease checks the kept files' bookkeeping on its
+// own: at most maxCachedFiles are kept; a lookup started before a change
+// of this client is not kept; dropping them all releases, in one call,
+// the Forgets of exactly those the kernel forgot (and had not got back).
+func TestFileCacheBoundAndRelease(t *testing.T) {
+	var d dirCache
+	var released []uint64
+	d.release = func(inos ...uint64) { released = append(released, inos...) }
+	file := func(ino uint64) *weftv1.Attr {
+		return &weftv1.Attr{Ino: ino, Mode: syscall.S_IFREG | 0o644, Size: ino}
+	}
+	tok, gen := d.token(), d.fileGeneration()
+	for ino := uint64(2); ino < 2+maxCachedFiles+100; ino++ {
+		d.putFile(1, fmt.Sprint("f", ino), file(ino), tok, gen)
+	}
+	if n := len(d.files); n != maxCachedFiles || len(d.entries) != n {
+		t.Fatalf("%d files and %d entries kept, want %d of each", n, len(d.entries), maxCachedFiles)
+	}
+	d.dropFiles()
+	released = nil
+	d.putFile(1, "a", file(10), tok, gen) // started before the drop
+	if d.file(1, "a") != nil {
+		t.Fatal("a lookup started before this client's change was kept")
+	}
+	tok, gen = d.token(), d.fileGeneration()
+	for ino := uint64(10); ino < 13; ino++ {
+		d.putFile(1, fmt.Sprint("f", ino), file(ino), tok, gen)
+	}
+	d.putFile(1, "dir", &weftv1.Attr{Ino: 20, Mode: syscall.S_IFDIR | 0o755}, tok, gen)
+	if d.fileAttr(20) != nil {
+		t.Fatal("a directory was kept among the files")
+	}
+	for _, ino := range []uint64{10, 11, 99} {
+		if got, want := d.forgetFile(ino), ino != 99; got != want {
+			t.Fatalf("forgetFile(%d) = %v, want %v", ino, got, want)
+		}
+	}
+	d.held(11) // handed to the kernel again
+	if a := d.file(1, "f12"); a == nil || a.Size != 12 {
+		t.Fatalf("kept file f12: %v", a)
+	}
+	if len(released) != 0 {
+		t.Fatalf("released %v before the drop", released)
+	}
+	d.dropFiles()
+	if !slices.Equal(released, []uint64{10}) {
+		t.Fatalf("released %v, want [10] (11 is held again, 12 never forgotten)", released)
+	}
+	if d.fileAttr(10) != nil || d.file(1, "f11") != nil {
+		t.Fatal("files still kept after the drop")
+	}
 }
