@@ -238,6 +238,26 @@ func (c *Client) cachedFileAttr(dir uint64, name string) *weftv1.Attr {
 	return a
 }
 
+// cachedFileAttrOf returns the kept attributes of the regular file ino if
+// callbacks are live.
+func (c *Client) cachedFileAttrOf(ino uint64) *weftv1.Attr {
+	if !c.cb.live.Load() {
+		return nil
+	}
+	a := c.dirs.fileAttr(ino)
+	if a != nil {
+		c.dirs.fileHits.Add(1)
+	}
+	return a
+}
+
+// ownSession reports whether caller carries this client's session: the
+// meta service registers callback interest for what it answers it.
+func (c *Client) ownSession(caller *weftv1.Caller) bool {
+	s := caller.GetSession()
+	return s != "" && s == c.Session()
+}
+
 // FileAttrHits reports how many lookups and getattrs of regular files
 // were answered from kept attributes without a call.
 func (c *Client) FileAttrHits() uint64 { return c.dirs.fileHits.Load() }

@@ -113,10 +113,7 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 			// Interrupted: the sends go on; settle once they are done,
 			// so that none lands after the file was cut.
 			in.mu.Lock()
-			ops := make([]*sendOp, 0, len(in.inflight))
-			for _, op := range in.inflight {
-				ops = append(ops, op)
-			}
+			ops := in.sendsLocked()
 			in.mu.Unlock()
 			c.background(createManyRetryFor, func(bctx context.Context) {
 				if waitOps(bctx, ops) == nil {

@@ -192,12 +192,18 @@ func (in *inode) sendAll(ctx context.Context, sync bool) error {
 		delete(in.dirty, idx)
 		in.startSendLocked(idx, buf, sync)
 	}
+	ops := in.sendsLocked()
+	in.mu.Unlock()
+	return waitOps(ctx, ops)
+}
+
+// sendsLocked returns the sends under way (the latest of each chunk).
+func (in *inode) sendsLocked() []*sendOp {
 	ops := make([]*sendOp, 0, len(in.inflight))
 	for _, op := range in.inflight {
 		ops = append(ops, op)
 	}
-	in.mu.Unlock()
-	return waitOps(ctx, ops)
+	return ops
 }
 
 // backgroundMinShare: a chunk goes out in the background only once it

@@ -76,7 +76,7 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 		// Made elsewhere; its callback is on the way.
 		c.dirs.changed(parent)
 	}
-	if track && name != "." && name != ".." && caller.GetSession() != "" && caller.GetSession() == c.Session() {
+	if track && name != "." && name != ".." && c.ownSession(caller) {
 		// The meta service calls this session back about the file now.
 		c.dirs.putFile(parent, name, resp.Attr, tok, gen)
 	}
@@ -92,11 +92,8 @@ func (c *Client) GetAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) 
 	if a := c.cachedDirAttr(ino); a != nil {
 		return a, nil
 	}
-	if c.cb.live.Load() {
-		if a := c.dirs.fileAttr(ino); a != nil {
-			c.dirs.fileHits.Add(1)
-			return c.overlay(a, 0, false), nil
-		}
+	if a := c.cachedFileAttrOf(ino); a != nil {
+		return c.overlay(a, 0, false), nil
 	}
 	return c.getAttr(ctx, ino)
 }
@@ -294,7 +291,7 @@ func (c *Client) ReadDir(ctx context.Context, caller *weftv1.Caller, ino uint64,
 	if err != nil {
 		return nil, false, err
 	}
-	if track && plus && caller.GetSession() != "" && caller.GetSession() == c.Session() {
+	if track && plus && c.ownSession(caller) {
 		// The attributes came with the names (READDIRPLUS): kept as a
 		// lookup's are, so a walk of the tree after a cache drop asks
 		// the meta service only for the listings.
