@@ -43,17 +43,26 @@ func TestColdStatAnsweredHere(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dropCaches()
-	statAll() // the lookups go to the meta service, and are kept
+	// The lookups go to the meta service, and are kept. Two rounds: the
+	// kernel sends a file's release after close(2) returned, and a file
+	// still open in the kernel survives a cache drop, so its stat in the
+	// first round may not reach this client at all.
+	for range 2 {
+		dropCaches()
+		statAll()
+	}
 	dropCaches()
 	calls, hits := c.MetaCalls(), c.FileAttrHits()
 	statAll()
 	// The directory itself is looked up again (directories are not kept
-	// here), and its attributes may be asked for.
+	// here), and its attributes may be asked for. A file the kernel still
+	// held through the drop is stat'd without reaching this client (no
+	// call, no hit): allow one such. Without kept attributes this is 51
+	// calls and no hits.
 	if got := c.MetaCalls() - calls; got > 3 {
 		t.Errorf("%d meta calls to stat %d files after a cache drop, want (nearly) none", got, n)
 	}
-	if got := c.FileAttrHits() - hits; got < n {
+	if got := c.FileAttrHits() - hits; got < n-1 {
 		t.Errorf("%d of %d stats answered from kept attributes", got, n)
 	}
 
