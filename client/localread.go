@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -41,11 +42,21 @@ import (
 // servers for localRetryAfter.
 
 // maxLocalChunks bounds the chunks an inode keeps open in place.
-const maxLocalChunks = 256
+const maxLocalChunks = 1024
 
 // maxLocalOpen bounds the chunks a client keeps open in place (each a
-// descriptor).
-const maxLocalOpen = 4096
+// descriptor): 8,192, or half the process's descriptor limit if that is
+// less (Go raises the soft limit to the hard one at start).
+var maxLocalOpen = localOpenBound()
+
+// localOpenBound returns maxLocalOpen for this process.
+func localOpenBound() int64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur/2 >= 8192 {
+		return 8192
+	}
+	return int64(max(lim.Cur/2, 64))
+}
 
 // localRetryAfter is how long a chunk that could not be read in place is
 // read through its server before the client tries again.
@@ -210,7 +221,7 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 }
 
 // openAroundLocked opens in place, in the background, the other chunks
-// of a file of at most maxLocalChunks/2 chunks that are not open yet,
+// of a file of at most Config.OpenAroundChunks chunks that are not open yet,
 // those of one data server in one round: a reader that had to open a
 // chunk on demand (it reads somewhere read-ahead did not lead it, a
 // random reader) would otherwise wait for a round trip at the first read
@@ -224,7 +235,7 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
 	n := (size + cs - 1) / cs
-	if n > maxLocalChunks/2 || len(in.local.chunks)+len(in.local.pending) >= int(n) {
+	if n > uint64(max(in.c.cfg.OpenAroundChunks, 0)) || len(in.local.chunks)+len(in.local.pending) >= int(n) {
 		return
 	}
 	in.openRangeLocked(layout, 0, n, idx)

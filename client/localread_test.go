@@ -304,7 +304,8 @@ func TestReadInPlaceOpensAround(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
 	tc := startCluster(t, layout, 2)
 	ctx := context.Background()
-	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1})
+	const bound = 24
+	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1, OpenAroundChunks: bound})
 	rounds := func() uint64 { return openRounds(c) }
 	rnd := rand.New(rand.NewPCG(21, 22))
 	for _, tt := range []struct {
@@ -314,7 +315,8 @@ func TestReadInPlaceOpensAround(t *testing.T) {
 		openAround bool
 	}{
 		{"small file", 16, 1 + 2, true},
-		{"file past the bound", maxLocalChunks/2 + 2, maxLocalChunks/2 + 2, false},
+		{"file at the bound", bound, 1 + 2, true},
+		{"file past the bound", bound + 2, bound + 2, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			size := tt.chunks * chunk
