@@ -72,7 +72,8 @@ type localChunk struct {
 	// chunk was opened.
 	fileSize uint64
 	c        *Client
-	file     *os.File // the data file, read-only; nil for a missing chunk
+	file     *os.File // the chunk's file, read-only; nil for a missing chunk
+	dataOff  int64    // where the chunk's bytes start in file
 	length   int64
 	sums     []uint32
 	refs     atomic.Int32 // the inode's list and each reader
@@ -466,7 +467,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		return
 	}
 	lc := &localChunk{idx: idx, chain: op.chain, version: op.ch.Version, w: op.w, c: c, fileSize: op.fileSize,
-		file: opened.File, length: opened.Length, sums: opened.Sums}
+		file: opened.File, dataOff: opened.DataOffset, length: opened.Length, sums: opened.Sums}
 	if lc.file != nil {
 		c.localOpen.Add(1)
 		lc.inMemory = pagecache.InMemory(lc.file)
@@ -616,7 +617,7 @@ func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bo
 	// from memory).
 	for so := int64(0); so < int64(len(buf)); so += readSegment {
 		se := min(so+readSegment, int64(len(buf)))
-		if n, _ := lc.file.ReadAt(buf[so:se], from+so); int64(n) < se-so {
+		if n, _ := lc.file.ReadAt(buf[so:se], lc.dataOff+from+so); int64(n) < se-so {
 			return fail() // cut short under us: the server path says what is there
 		}
 		for lo := so; lo < se; lo += wire.BlockSize {

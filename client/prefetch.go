@@ -36,6 +36,7 @@ func (lc *localChunk) prefetch(lo, hi int64) {
 		return
 	}
 	fd := int(lc.file.Fd())
+	lo, hi = lc.dataOff+lo, lc.dataOff+hi
 	if !populateOff.Load() && tryAcquire(populating) {
 		err := pagecache.Populate(fd, lo, hi)
 		<-populating

@@ -65,12 +65,12 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 	lease := s.leaseLocked()
 	s.mu.RUnlock()
 	lo := int64(req.GetOffset())
-	f, length, version, sums, err := m.target.OpenForRead(id, verify, lo, lo+int64(req.GetLength()))
+	o, err := m.target.OpenForRead(id, verify, lo, lo+int64(req.GetLength()))
 	if err != nil {
 		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
-	return &wire.LocalChunk{File: f, Length: length, Version: version, Sums: sums, Lease: lease}, nil
+	return &wire.LocalChunk{File: o.File, DataOffset: o.DataOffset, Length: o.Length, Version: o.Version, Sums: o.Sums, Lease: lease}, nil
 }
 
 // ReadIns counts the cold ranges the server's targets read into the

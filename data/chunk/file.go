@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,7 +77,7 @@ func (lf *LockedFile) Truncate(size, chunkSize int64) error {
 func (lf *LockedFile) truncateChunk(id ID, size, chunkSize int64) (removed bool, err error) {
 	t := lf.t
 	defer t.chunkLocks.lock(id, true)()
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
 		return false, err
 	}
@@ -113,29 +114,36 @@ func (t *Target) fileChunks(ino uint64) ([]ID, error) {
 			ids = append(ids, id)
 		}
 	}
-	return ids, nil
+	// A chunk may have a file of each form for a while (a crash while
+	// one was rewritten as the other): list it once.
+	slices.SortFunc(ids, CompareListOrder)
+	return slices.Compact(ids), nil
 }
 
-// chunkOf parses a file name of an inode directory; ok is false for
-// checksum and temporary files and anything else that is not a chunk.
+// chunkOf parses a file name of an inode directory (a chunk file, or the
+// data file of a chunk of the older form); ok is false for checksum and
+// temporary files and anything else that is not a chunk.
 func chunkOf(ino uint64, name string) (ID, bool) {
-	if strings.HasSuffix(name, ".crc") {
-		return ID{}, false
-	}
-	idx, err := strconv.ParseUint(name, 10, 64)
+	idx, err := strconv.ParseUint(strings.TrimSuffix(name, inlineSuffix), 10, 64)
 	return ID{Ino: ino, Index: idx}, err == nil
 }
 
+// removeChunk removes the files of chunk id, of either form.
 func (t *Target) removeChunk(id ID, size int64) error {
 	path := t.chunkPath(id)
-	if err := t.discard(path, false); err != nil {
+	found := false
+	for _, p := range []string{t.inlinePath(id), path, path + ".crc"} {
+		err := t.discard(p)
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+			continue
 		}
-		return t.ioError(fmt.Sprintf("remove %v", id), err)
+		if err != nil {
+			return t.ioError(fmt.Sprintf("remove %v", id), err)
+		}
+		found = found || p != path+".crc"
 	}
-	if err := t.discard(path+".crc", true); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return t.ioError(fmt.Sprintf("remove checksums of %v", id), err)
+	if !found {
+		return nil
 	}
 	t.usedBytes.Add(-size)
 	t.numChunks.Add(-1)
@@ -151,8 +159,8 @@ func (t *Target) shorten(f *chunkFile, id ID, newLen int64, chain uint64) error 
 	if err := t.check(f); err != nil {
 		return fmt.Errorf("truncate: %w", err)
 	}
-	if f.hdr.legacy {
-		if err := t.migrate(f, id); err != nil {
+	if f.crc != nil {
+		if err := t.rewrite(f, id, headFor(f.size)); err != nil {
 			return err
 		}
 	}
@@ -169,15 +177,15 @@ func (t *Target) shorten(f *chunkFile, id ID, newLen int64, chain uint64) error 
 		}
 		binary.LittleEndian.PutUint32(sum[:], crc32.Checksum(buf[:newLen-bs], castagnoli))
 	}
-	if err := f.data.Truncate(newLen); err != nil {
+	if err := f.truncateData(newLen); err != nil {
 		return t.ioError(fmt.Sprintf("truncate %v", id), err)
 	}
 	if partial {
-		if _, err := f.crc.WriteAt(sum[:], headerSize+last*crcBytes); err != nil {
+		if err := f.writeSums(sum[:], last); err != nil {
 			return t.ioError(fmt.Sprintf("write checksums of %v", id), err)
 		}
 	}
-	if err := f.crc.Truncate(headerSize + crcBytes*((newLen+BlockSize-1)/BlockSize)); err != nil {
+	if err := f.cutSums((newLen + BlockSize - 1) / BlockSize); err != nil {
 		return t.ioError(fmt.Sprintf("truncate checksums of %v", id), err)
 	}
 	if err := t.writeHeader(f, id, header{version: f.hdr.version + 1, chain: chain, length: newLen}); err != nil {
@@ -225,7 +233,7 @@ func (t *Target) deleteChunks(ino uint64, match func(*chunkFile) bool) error {
 
 func (t *Target) deleteChunk(id ID, match func(*chunkFile) bool) error {
 	defer t.chunkLocks.lock(id, true)()
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil {
 		var ce *CorruptionError
 		if !errors.As(err, &ce) {
@@ -277,7 +285,7 @@ func (t *Target) SyncFile(ino uint64) error {
 // meanwhile was synced by Replace.
 func (t *Target) syncByPath(id ID) error {
 	path := t.chunkPath(id)
-	for _, p := range []string{path, path + ".crc"} {
+	for _, p := range []string{t.inlinePath(id), path, path + ".crc"} {
 		file, err := os.Open(p)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
@@ -298,6 +306,12 @@ func (t *Target) syncByPath(id ID) error {
 // unless the target is in memory). The caller holds the chunk
 // exclusively, and then clears its dirty mark.
 func (t *Target) syncChunk(f *chunkFile, id ID) error {
+	if f.crc == nil {
+		if err := fdatasync(f.data); err != nil {
+			return t.ioError(fmt.Sprintf("sync %v", id), err)
+		}
+		return nil
+	}
 	var crcErr error
 	var wg sync.WaitGroup
 	if !t.inMemory {

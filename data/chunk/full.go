@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"hash/crc64"
+	"io"
 	"io/fs"
 	"os"
 
@@ -55,7 +56,7 @@ func (l *Locked) Info() (Info, error) {
 
 // info reads a chunk's header; the caller holds the chunk's lock.
 func (t *Target) info(id ID) (Info, error) {
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
 		return Info{ID: id}, err
 	}
@@ -97,11 +98,23 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 		}
 		return nil
 	}
-	f, err := t.openChunk(id, true)
+	f, err := t.openChunk(id, chunkSize)
 	if err != nil {
 		return err
 	}
 	defer t.store.files.release(f)
+	if err := t.check(f); err != nil {
+		return err
+	}
+	end := int64(0)
+	for _, p := range pieces {
+		end = max(end, p.Off+int64(len(p.Data)))
+	}
+	if f.crc != nil || end > headCapacity(f.hdr.dataOff) {
+		if err := t.rewrite(f, id, headFor(max(chunkSize, end))); err != nil {
+			return err
+		}
+	}
 	for _, p := range pieces {
 		if len(p.Data) == 0 {
 			continue
@@ -121,7 +134,7 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 			for _, p := range pieces {
 				lo, hi = min(lo, p.Off), max(hi, p.Off+int64(len(p.Data)))
 			}
-			_ = unix.SyncFileRange(int(f.data.Fd()), lo, hi-lo, unix.SYNC_FILE_RANGE_WRITE)
+			_ = unix.SyncFileRange(int(f.data.Fd()), f.hdr.dataOff+lo, hi-lo, unix.SYNC_FILE_RANGE_WRITE)
 		}
 		return nil
 	}
@@ -145,7 +158,7 @@ func (t *Target) ReadFull(id ID) (Full, error) {
 }
 
 func (t *Target) readFull(id ID) (Full, error) {
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
 		return Full{}, err
 	}
@@ -163,10 +176,10 @@ func (t *Target) readFull(id ID) (Full, error) {
 }
 
 // Replace makes the chunk exactly full (deleting it if !full.Exists), as
-// version full.Version: data and checksums are written to temporary files,
-// fsynced and renamed over the chunk's (data first, so that a crash in
-// between leaves the old version in the header, which a resync sees as
-// stale), then the directory is fsynced.
+// version full.Version: its file (header, checksums and data) is written
+// to a temporary file, fsynced and renamed over the chunk's, the
+// directory is fsynced, and then the files of a chunk of the older form
+// are removed (a crash in between leaves both; the new file is read).
 func (l *Locked) Replace(full Full) error {
 	t, id := l.t, l.id
 	if len(full.Data) > MaxChunkSize {
@@ -175,8 +188,14 @@ func (l *Locked) Replace(full Full) error {
 	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
 	path := t.chunkPath(id)
 	oldSize, existed := int64(0), false
-	if info, err := os.Stat(path); err == nil {
-		oldSize, existed = info.Size(), true
+	if info, err := t.stat(id); err == nil && info.Exists {
+		oldSize, existed = info.Length, true
+	} else if inline, err := os.Stat(t.inlinePath(id)); err == nil {
+		oldSize, existed = max(inline.Size()-pageSize, 0), true
+	}
+	older, err := os.Stat(path)
+	if err == nil && !existed {
+		oldSize, existed = older.Size(), true
 	}
 	if !full.Exists {
 		if !existed {
@@ -187,23 +206,16 @@ func (l *Locked) Replace(full Full) error {
 		}
 		return t.syncInoDir(id.Ino)
 	}
-	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data))}
-	hb := h.encode()
-	crc := append(hb[:], blockSums(full.Data)...)
-	var data *os.File
+	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data)), dataOff: headFor(int64(len(full.Data)))}
+	var file *os.File
 	newDir, err := t.createInInoDir(id, func() (err error) {
-		data, err = writeTemp(path, full.Data)
+		file, err = writeInline(t.inlinePath(id), h, blockSums(full.Data), full.Data)
 		return err
 	})
 	if err != nil {
 		return t.ioError(fmt.Sprintf("write copy of %v", id), err)
 	}
-	data.Close()
-	sums, err := writeTemp(path+".crc", crc)
-	if err != nil {
-		return t.ioError(fmt.Sprintf("write checksums of copy of %v", id), err)
-	}
-	sums.Close()
+	file.Close()
 	if !existed {
 		t.numChunks.Add(1)
 	}
@@ -215,6 +227,13 @@ func (l *Locked) Replace(full Full) error {
 	if newDir {
 		if err := syncDir(t.hashDir(id.Ino)); err != nil {
 			return t.ioError(fmt.Sprintf("sync directory of inode %d", id.Ino), err)
+		}
+	}
+	if older != nil {
+		for _, p := range []string{path, path + ".crc"} {
+			if err := t.discard(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return t.ioError(fmt.Sprintf("remove the older files of %v", id), err)
+			}
 		}
 	}
 	return nil
@@ -243,9 +262,13 @@ func (t *Target) Stat(id ID) (Info, error) {
 	return t.stat(id)
 }
 
-// stat reads the chunk's checksum file directly (not through the cache of
-// open files, so that listing many chunks does not evict busy ones).
+// stat reads the chunk's header and checksums directly (not through the
+// cache of open files, so that listing many chunks does not evict busy
+// ones).
 func (t *Target) stat(id ID) (Info, error) {
+	if info, ok, err := t.statInline(id); ok || err != nil {
+		return info, err
+	}
 	path := t.chunkPath(id)
 	di, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -263,7 +286,42 @@ func (t *Target) stat(id ID) (Info, error) {
 		return Info{ID: id, Exists: true}, t.headerError(id, err)
 	}
 	return Info{ID: id, Exists: true, Version: h.version, Chain: h.chain, Length: h.length,
-		Digest: crc64.Checksum(b[min(int(h.sumsOff()), len(b)):], crc64Table)}, nil
+		Digest: sumsDigest(b[min(int(h.sumsOff()), len(b)):], h.length)}, nil
+}
+
+// statInline is stat of a chunk file holding its checksums; ok is false
+// when the chunk has none.
+func (t *Target) statInline(id ID) (info Info, ok bool, err error) {
+	file, err := os.Open(t.inlinePath(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Info{ID: id}, false, nil
+	}
+	if err != nil {
+		return Info{ID: id}, true, t.ioError(fmt.Sprintf("open %v", id), err)
+	}
+	defer file.Close()
+	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
+	defer sumsBufPool.Put(buf)
+	n, err := file.ReadAt(buf[:], 0)
+	if err != nil && err != io.EOF {
+		return Info{ID: id}, true, t.ioError(fmt.Sprintf("read header of %v", id), err)
+	}
+	if n < headerSize {
+		return Info{ID: id, Exists: true}, true, nil // created, never written: empty
+	}
+	h, err := decodeHead(buf[:n])
+	if err != nil {
+		return Info{ID: id, Exists: true}, true, t.headerError(id, err)
+	}
+	return Info{ID: id, Exists: true, Version: h.version, Chain: h.chain, Length: h.length,
+		Digest: sumsDigest(buf[headerSize:n], h.length)}, true, nil
+}
+
+// sumsDigest is the digest of a chunk of length bytes whose block
+// checksums start sums: a CRC-64 of those of its blocks.
+func sumsDigest(sums []byte, length int64) uint64 {
+	n := min(int64(len(sums)), crcBytes*((length+BlockSize-1)/BlockSize))
+	return crc64.Checksum(sums[:n], crc64Table)
 }
 
 // Verify reads the whole chunk and checks it against its checksums and
@@ -273,7 +331,7 @@ func (t *Target) Verify(id ID) (int64, error) {
 	defer t.chunkLocks.lock(id, false)()
 	// Reopen, so that the header and length are read from disk again.
 	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
 		return 0, err
 	}
@@ -293,6 +351,9 @@ func (t *Target) Verify(id ID) (int64, error) {
 	}
 	// Checksums beyond the data: the data file was cut short on a block
 	// boundary of a chunk written before headers held its length.
+	if f.crc == nil {
+		return n, nil
+	}
 	if st, err := f.crc.Stat(); err == nil && f.hdr.legacy {
 		if want := crcBytes * ((f.size + BlockSize - 1) / BlockSize); st.Size() > want {
 			return n, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: f.size / BlockSize, Truncated: true,

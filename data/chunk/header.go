@@ -11,29 +11,59 @@ import (
 	"os"
 )
 
-// The checksum file of a chunk starts with a header:
+// A chunk file (<index>.w) starts with its head: a header
 //
-//	0  8 bytes  magic "weftchk1"
+//	0  7 bytes  magic "weftch2"
+//	7  byte     pages of the head: the data starts at 4096 times this
 //	8  uint64   version: +1 for every mutation of the chunk
 //	16 uint64   chain id the chunk was last written through
 //	24 uint32   length of the chunk's data in bytes
 //	28 uint32   CRC32C of bytes 0..28
 //
-// then one little-endian CRC32C per block. Files written before versions
-// existed have no header (checksums from offset 0); they read as version 0
-// of no chain and get a header on their first mutation.
+// then one little-endian CRC32C per block, then zeros up to the data,
+// which starts on a page boundary (one page holds the checksums of
+// chunks up to 63.5 MiB, two those of the largest).
+//
+// Chunks written before that format are two files, <index> (the data
+// alone) and <index>.crc, whose header has magic "weftchk1" in bytes 0..8
+// and no data offset. Files written before versions existed have no
+// header at all (checksums from offset 0); they read as version 0 of no
+// chain. Both older forms are read as they are and rewritten as one file
+// at their first mutation.
 const headerSize = 32
 
 var headerMagic = [8]byte{'w', 'e', 'f', 't', 'c', 'h', 'k', '1'}
 
+// inlineMagic starts the header of a chunk file holding its checksums.
+var inlineMagic = [7]byte{'w', 'e', 'f', 't', 'c', 'h', '2'}
+
+// pageSize is the unit of a chunk file's head.
+const pageSize = 4096
+
+// headFor returns the data offset of a new chunk file that may grow to
+// maxLen bytes: its head holds the header and maxLen's checksums.
+func headFor(maxLen int64) int64 {
+	need := headerSize + crcBytes*((max(maxLen, 1)+BlockSize-1)/BlockSize)
+	return (need + pageSize - 1) / pageSize * pageSize
+}
+
+// headCapacity is the chunk length whose checksums a head ending at
+// dataOff holds.
+func headCapacity(dataOff int64) int64 {
+	return (dataOff - headerSize) / crcBytes * BlockSize
+}
+
 var crc64Table = crc64.MakeTable(crc64.ECMA)
 
-// header is what a chunk's checksum file says about the chunk.
+// header is what a chunk's head (or checksum file) says about the chunk.
 type header struct {
 	version uint64
 	chain   uint64
 	length  int64
 	legacy  bool // no header in the file: checksums start at offset 0
+	// dataOff is where the data starts in a chunk file holding its
+	// checksums; 0 for a chunk of two files.
+	dataOff int64
 }
 
 // sumsOff is where the block checksums start in the checksum file.
@@ -46,7 +76,12 @@ func (h header) sumsOff() int64 {
 
 func (h header) encode() [headerSize]byte {
 	var b [headerSize]byte
-	copy(b[:8], headerMagic[:])
+	if h.dataOff > 0 {
+		copy(b[:7], inlineMagic[:])
+		b[7] = byte(h.dataOff / pageSize)
+	} else {
+		copy(b[:8], headerMagic[:])
+	}
 	binary.LittleEndian.PutUint64(b[8:], h.version)
 	binary.LittleEndian.PutUint64(b[16:], h.chain)
 	binary.LittleEndian.PutUint32(b[24:], uint32(h.length))
@@ -63,6 +98,12 @@ func decodeHeader(b []byte, dataSize int64) (header, error) {
 	if len(b) < headerSize || !bytes.Equal(b[:8], headerMagic[:]) {
 		return header{length: dataSize, legacy: true}, nil
 	}
+	return decodeFields(b, 0)
+}
+
+// decodeFields parses the fields after the magic of a header in b,
+// checking its checksum.
+func decodeFields(b []byte, dataOff int64) (header, error) {
 	if crc32.Checksum(b[:28], castagnoli) != binary.LittleEndian.Uint32(b[28:]) {
 		return header{}, errBadHeader
 	}
@@ -70,7 +111,21 @@ func decodeHeader(b []byte, dataSize int64) (header, error) {
 		version: binary.LittleEndian.Uint64(b[8:]),
 		chain:   binary.LittleEndian.Uint64(b[16:]),
 		length:  int64(binary.LittleEndian.Uint32(b[24:])),
+		dataOff: dataOff,
 	}, nil
+}
+
+// decodeHead parses the head of a chunk file holding its checksums, b
+// being at least its first headerSize bytes.
+func decodeHead(b []byte) (header, error) {
+	if len(b) < headerSize || !bytes.Equal(b[:7], inlineMagic[:]) {
+		return header{}, errBadHeader
+	}
+	pages := int64(b[7])
+	if pages < 1 || pages > headFor(MaxChunkSize)/pageSize {
+		return header{}, errBadHeader
+	}
+	return decodeFields(b, pages*pageSize)
 }
 
 // readHeader reads the header of an open checksum file.

@@ -25,62 +25,151 @@ var zeroBlock [BlockSize]byte
 // blockPool holds BlockSize buffers for read-modify-write of partial blocks.
 var blockPool = sync.Pool{New: func() any { return new([BlockSize]byte) }}
 
+// chunkPath is the path of chunk id's data file in the older form of
+// two files (its checksum file adds ".crc").
 func (t *Target) chunkPath(id ID) string {
 	return filepath.Join(t.inoDir(id.Ino), strconv.FormatUint(id.Index, 10))
 }
 
+// inlineSuffix ends the name of a chunk file holding its checksums.
+const inlineSuffix = ".w"
+
+// inlinePath is the path of chunk id's file.
+func (t *Target) inlinePath(id ID) string { return t.chunkPath(id) + inlineSuffix }
+
 // openChunk returns the chunk's open files with a cache reference taken
 // (release with t.store.files.release), or nil if the chunk does not exist
-// and create is false. The caller holds the chunk's lock (exclusively if
-// create is true).
-func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
+// and createSize is 0. With createSize > 0 a missing chunk is created,
+// its head sized for chunks of createSize bytes. The caller holds the
+// chunk's lock (exclusively if createSize > 0).
+func (t *Target) openChunk(id ID, createSize int64) (*chunkFile, error) {
 	key := cacheKey{t, id}
 	if f := t.store.files.get(key); f != nil {
 		return f, nil
 	}
+	if f, err := t.openInline(key); f != nil || err != nil {
+		return f, err
+	}
 	path := t.chunkPath(id)
-	created := false
 	data, err := os.OpenFile(path, os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		if !create {
+		if createSize <= 0 {
 			return nil, nil
 		}
-		var newDir bool
-		newDir, err = t.createInInoDir(id, func() (err error) {
-			data, err = t.createFile(path, false)
-			return err
-		})
-		if err == nil {
-			created = true
-			t.markNewEntry(id.Ino, newDir)
-		}
+		return t.createInline(key, createSize)
 	}
 	if err != nil {
 		return nil, t.ioError(fmt.Sprintf("open %v", id), err)
 	}
-	var crc *os.File
-	if created {
-		crc, err = t.createFile(path+".crc", true)
-		if errors.Is(err, fs.ErrExist) { // left by a crash in a removal
-			crc, err = os.OpenFile(path+".crc", os.O_RDWR, 0)
-		}
-	} else {
-		crc, err = os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
-	}
+	crc, err := os.OpenFile(path+".crc", os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		data.Close()
 		return nil, t.ioError(fmt.Sprintf("open checksums of %v", id), err)
 	}
 	f := &chunkFile{key: key, data: data, crc: crc}
-	if created {
-		t.numChunks.Add(1)
-		return t.store.files.add(f), nil
-	}
 	if err := t.loadHeader(f, id); err != nil {
 		f.close()
 		return nil, err
 	}
 	return t.store.files.add(f), nil
+}
+
+// createInline creates the file of chunk key.id, its head sized for
+// chunks of size bytes, and adds it to the cache.
+func (t *Target) createInline(key cacheKey, size int64) (*chunkFile, error) {
+	id := key.id
+	path := t.inlinePath(id)
+	var data *os.File
+	newDir, err := t.createInInoDir(id, func() (err error) {
+		data, err = t.createFile(path)
+		return err
+	})
+	if errors.Is(err, fs.ErrExist) {
+		// Made meanwhile by a caller not holding the chunk's lock
+		// exclusively (it must): report rather than guess.
+		return nil, t.ioError(fmt.Sprintf("create %v", id), err)
+	}
+	if err != nil {
+		return nil, t.ioError(fmt.Sprintf("create %v", id), err)
+	}
+	t.markNewEntry(id.Ino, newDir)
+	t.numChunks.Add(1)
+	f := &chunkFile{key: key, data: data}
+	// The head is written before any data, so that a file with a head
+	// that does not read back is corruption, not an unfinished create.
+	if err := t.writeHeader(f, id, header{dataOff: headFor(size)}); err != nil {
+		f.close()
+		return nil, err
+	}
+	return t.store.files.add(f), nil
+}
+
+// openInline opens chunk key.id's file, if it has one, and reads its
+// head: a file longer than its header says (a crash in an extending
+// write that never completed) is cut back, a shorter one marks the chunk
+// truncated, and a file shorter than a header (a crash right after it
+// was created, before any write) is an empty chunk.
+func (t *Target) openInline(key cacheKey) (*chunkFile, error) {
+	id := key.id
+	data, err := os.OpenFile(t.inlinePath(id), os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, t.ioError(fmt.Sprintf("open %v", id), err)
+	}
+	f := &chunkFile{key: key, data: data}
+	if err := t.loadHead(f); err != nil {
+		data.Close()
+		return nil, err
+	}
+	return t.store.files.add(f), nil
+}
+
+// loadHead reads the head of f, a chunk file holding its checksums, and
+// checks the file's length against it (see openInline).
+func (t *Target) loadHead(f *chunkFile) error {
+	id := f.key.id
+	info, err := f.data.Stat()
+	if err != nil {
+		return t.ioError(fmt.Sprintf("stat %v", id), err)
+	}
+	var b [headerSize]byte
+	n, err := f.data.ReadAt(b[:], 0)
+	if err != nil && err != io.EOF {
+		return t.ioError(fmt.Sprintf("read header of %v", id), err)
+	}
+	if info.Size() < headerSize {
+		if info.Size() > 0 {
+			if err := f.data.Truncate(0); err != nil {
+				return t.ioError(fmt.Sprintf("cut unwritten %v", id), err)
+			}
+		}
+		f.hdr = header{dataOff: headFor(MaxChunkSize)}
+		return nil
+	}
+	h, err := decodeHead(b[:n])
+	if err != nil {
+		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: -1, Header: true}
+		f.hdr = header{dataOff: headFor(MaxChunkSize)}
+		f.size = max(info.Size()-f.hdr.dataOff, 0)
+		return nil
+	}
+	f.hdr = h
+	size := max(info.Size()-h.dataOff, 0)
+	switch {
+	case size > h.length:
+		if err := f.truncateData(h.length); err != nil {
+			return t.ioError(fmt.Sprintf("cut uncommitted tail of %v", id), err)
+		}
+		t.usedBytes.Add(h.length - size)
+		size = h.length
+	case size < h.length:
+		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: size / BlockSize, Truncated: true,
+			Length: size, Want: h.length}
+	}
+	f.size = size
+	return nil
 }
 
 // maxCreateAttempts bounds how often createInInoDir tries again after the
@@ -192,10 +281,9 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 	if err := t.check(f); err != nil {
 		return err
 	}
-	if f.hdr.legacy {
-		if err := t.migrate(f, id); err != nil {
-			return err
-		}
+	if f.crc != nil || off+int64(len(data)) > headCapacity(f.hdr.dataOff) {
+		return fmt.Errorf("write %v: chunk file of the older form, or its head too small (%d bytes) for %d bytes: %w",
+			id, f.hdr.dataOff, off+int64(len(data)), syscall.EINVAL)
 	}
 	oldSize := f.size
 	end := off + int64(len(data))
@@ -242,7 +330,7 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 			// End the segment on a block boundary of the chunk.
 			se = ((off+so+ioSegment)/BlockSize)*BlockSize - off
 		}
-		if _, err := f.data.WriteAt(data[so:se], off+so); err != nil {
+		if _, err := f.writeData(data[so:se], off+so); err != nil {
 			t.undoExtend(f, oldSize, end)
 			return t.ioError(fmt.Sprintf("write %v at offset %d", id, off+so), err)
 		}
@@ -255,7 +343,7 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 		}
 		so = se
 	}
-	if _, err := f.crc.WriteAt(sums, headerSize+first*crcBytes); err != nil {
+	if err := f.writeSums(sums, first); err != nil {
 		t.undoExtend(f, oldSize, end)
 		return t.ioError(fmt.Sprintf("write checksums of %v", id), err)
 	}
@@ -270,33 +358,92 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 }
 
 func (t *Target) writeHeader(f *chunkFile, id ID, h header) error {
+	if h.dataOff == 0 {
+		h.dataOff = f.hdr.dataOff
+	}
 	b := h.encode()
-	if _, err := f.crc.WriteAt(b[:], 0); err != nil {
+	if _, err := f.sumsFile().WriteAt(b[:], 0); err != nil {
 		return t.ioError(fmt.Sprintf("write header of %v", id), err)
 	}
 	f.hdr = h
 	return nil
 }
 
-// migrate gives a chunk written before versions existed a header: its
-// checksum file is rewritten (temporary file, fsync, rename) with the
-// header in front of the checksums.
-func (t *Target) migrate(f *chunkFile, id ID) error {
-	sums, err := io.ReadAll(io.NewSectionReader(f.crc, 0, 1<<30))
-	if err != nil {
+// rewrite makes chunk f (held exclusively) a chunk file holding its
+// checksums, with its data at dataOff: a chunk of the older form of two
+// files, or one whose head is too small for a write to come. Its bytes
+// and checksums are copied as they are (never checked and summed anew,
+// so corruption is not blessed), the header keeps its version and
+// chain, the new file goes to a temporary name, is synced and renamed
+// into place, the directory is synced, and only then are the old files
+// removed (a crash in between leaves both; the chunk file is read).
+func (t *Target) rewrite(f *chunkFile, id ID, dataOff int64) error {
+	nblocks := (f.size + BlockSize - 1) / BlockSize
+	sums := make([]byte, nblocks*crcBytes)
+	if m, err := f.readSums(sums, 0); err != nil && err != io.EOF {
 		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+	} else if m < len(sums) {
+		return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: int64(m) / crcBytes, Missing: true})
 	}
-	h := header{length: f.size}
-	hb := h.encode()
-	path := t.chunkPath(id) + ".crc"
-	crc, err := writeTemp(path, append(hb[:], sums...))
+	data := make([]byte, f.size)
+	if n, err := f.readData(data, 0); int64(n) < f.size {
+		if err == nil || err == io.EOF {
+			return t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: int64(n) / BlockSize, Truncated: true,
+				Length: int64(n), Want: f.size})
+		}
+		return t.ioError(fmt.Sprintf("read %v", id), err)
+	}
+	h := header{version: f.hdr.version, chain: f.hdr.chain, length: f.size, dataOff: dataOff}
+	file, err := writeInline(t.inlinePath(id), h, sums, data)
 	if err != nil {
-		return t.ioError(fmt.Sprintf("add a header to the checksums of %v", id), err)
+		return t.ioError(fmt.Sprintf("rewrite %v as one file", id), err)
 	}
-	f.crc.Close()
-	f.crc = crc
-	f.hdr = h
+	if err := syncDir(t.inoDir(id.Ino)); err != nil {
+		file.Close()
+		return t.ioError(fmt.Sprintf("sync directory of inode %d", id.Ino), err)
+	}
+	if f.crc != nil {
+		path := t.chunkPath(id)
+		if err := t.discard(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.store.log.Warn("remove the old data file of a rewritten chunk", "chunk", id.String(), "err", err)
+		}
+		if err := t.discard(path + ".crc"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.store.log.Warn("remove the old checksum file of a rewritten chunk", "chunk", id.String(), "err", err)
+		}
+	}
+	f.close()
+	f.data, f.crc, f.hdr = file, nil, h
 	return nil
+}
+
+// writeInline writes a chunk file with header h, checksums sums and
+// bytes data to path+".tmp", fsyncs it, renames it to path and returns
+// it open for reading and writing.
+func writeInline(path string, h header, sums, data []byte) (*os.File, error) {
+	head := make([]byte, headerSize+len(sums))
+	hb := h.encode()
+	copy(head, hb[:])
+	copy(head[headerSize:], sums)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dataModeFresh)
+	if err != nil {
+		return nil, err
+	}
+	if _, err = f.WriteAt(head, 0); err == nil && len(data) > 0 {
+		_, err = f.WriteAt(data, h.dataOff)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	return f, nil
 }
 
 // writeTemp writes b to path+".tmp", fsyncs it, renames it to path and
@@ -343,8 +490,8 @@ func (t *Target) mergeBlock(f *chunkFile, id ID, b, oldSize, be int64, data []by
 // write, so that its length keeps matching its checksums.
 func (t *Target) undoExtend(f *chunkFile, oldSize, end int64) {
 	if end > oldSize {
-		f.data.Truncate(oldSize)
-		f.crc.Truncate(f.hdr.sumsOff() + crcBytes*((oldSize+BlockSize-1)/BlockSize))
+		f.truncateData(oldSize)
+		f.cutSums((oldSize + BlockSize - 1) / BlockSize)
 	}
 }
 
@@ -359,7 +506,7 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 		sums = make([]byte, 0, nblocks*crcBytes)
 	}
 	sums = sums[:nblocks*crcBytes]
-	m, err := f.crc.ReadAt(sums, f.hdr.sumsOff()+first*crcBytes)
+	m, err := f.readSums(sums, first)
 	if err != nil && err != io.EOF {
 		return t.ioError(fmt.Sprintf("read checksums of %v", id), err)
 	}
@@ -367,7 +514,7 @@ func (t *Target) readBlocks(f *chunkFile, id ID, buf []byte, first int64) error 
 	// checksums read what the read has just brought into the cache.
 	for so := int64(0); so < int64(len(buf)); so += ioSegment {
 		se := min(so+ioSegment, int64(len(buf)))
-		n, err := f.data.ReadAt(buf[so:se], first*BlockSize+so)
+		n, err := f.readData(buf[so:se], first*BlockSize+so)
 		if int64(n) < se-so {
 			if err == nil || err == io.EOF {
 				got := so + int64(n)
@@ -421,7 +568,7 @@ func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte
 		return nil, nil, nil
 	}
 	defer t.chunkLocks.lock(id, false)()
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
 		return nil, nil, err
 	}
@@ -469,13 +616,14 @@ func (t *Target) readInCold(f *chunkFile, lo, hi int64) {
 	if t.inMemory || readInOff.Load() {
 		return
 	}
-	t.populate(int(f.data.Fd()), lo, hi)
+	t.populate(int(f.data.Fd()), f.hdr.dataOff+lo, f.hdr.dataOff+hi, f.hdr.dataOff+lo)
 }
 
 // populate reads bytes [lo, hi) of the file open as fd into the page
-// cache if they are cold, and counts it.
-func (t *Target) populate(fd int, lo, hi int64) {
-	read, err := pagecache.PopulateIfCold(fd, lo, hi)
+// cache if they are cold (the page of byte probe is not there), and
+// counts it.
+func (t *Target) populate(fd int, lo, hi, probe int64) {
+	read, err := pagecache.PopulateIfColdAt(fd, lo, hi, probe)
 	if errors.Is(err, pagecache.ErrNoPopulate) {
 		readInOff.Store(true)
 	}
@@ -484,16 +632,19 @@ func (t *Target) populate(fd int, lo, hi int64) {
 	}
 }
 
-// readInBackground reads bytes [lo, hi) of the data file open as fd,
-// widened to whole blocks (what a reader in place reads and checks) and
-// cut at size, into the page cache in large folios if they are cold,
-// without waiting, when they are minReadIn or more or the whole chunk
-// (a small random read is left to the kernel, as in Read): a chunk
-// opened for a reader's first read otherwise goes to the disk twice in turn, for its checksums and then, once the
-// client has the descriptor, for the data (one cold 1 MiB file: about
-// 0.3 ms apart). The read works on a descriptor of its own, as the
-// server closes fd once it is handed out.
-func (t *Target) readInBackground(fd int, lo, hi, size int64) {
+// readInBackground reads bytes [lo, hi) of the chunk open as fd, its
+// bytes starting at base in the file, widened to whole blocks (what a
+// reader in place reads and checks) and cut at size, into the page cache
+// in large folios if they are cold, without waiting, when they are
+// minReadIn or more or the whole chunk (a small random read is left to
+// the kernel, as in Read). A range from the chunk's start takes the
+// file's head with it, so the disk gets one request for both. A chunk
+// opened for a reader's first read otherwise goes to the disk twice in
+// turn, for its checksums and then, once the client has the descriptor,
+// for the data (one cold 1 MiB file: about 0.3 ms apart). The read works
+// on a descriptor of its own, as the server closes fd once it is handed
+// out.
+func (t *Target) readInBackground(fd int, base, lo, hi, size int64) {
 	lo = max(lo, 0) / BlockSize * BlockSize
 	hi = min((hi+BlockSize-1)/BlockSize*BlockSize, size)
 	whole := lo == 0 && hi == size
@@ -504,61 +655,80 @@ func (t *Target) readInBackground(fd int, lo, hi, size int64) {
 	if err != nil {
 		return
 	}
+	from := base + lo
+	if lo == 0 {
+		from = 0
+	}
 	go func() {
 		defer unix.Close(dup)
-		t.populate(dup, lo, hi)
+		t.populate(dup, from, base+hi, base+lo)
 	}()
 }
 
+// Opened is a chunk opened for a client on this host to read in place
+// (OpenForRead).
+type Opened struct {
+	// File is the chunk's file, read-only; nil if the chunk does not
+	// exist.
+	File *os.File
+	// DataOffset is where the chunk's bytes start in File.
+	DataOffset int64
+	Length     int64
+	Version    uint64
+	// Sums holds the CRC32C of each block.
+	Sums []uint32
+}
+
 // OpenForRead opens chunk id for a client on this host to read in place:
-// its data file (read-only; nil if the chunk does not exist), length,
-// version and block checksums, read together under the chunk's read lock
-// so they describe one version. With verify every block is read and
-// checked first: a bad copy fails with a *CorruptionError, as a read of
-// it would. Bytes [wantLo, wantHi) of the chunk, those the client reads
-// first (none if empty), are read into the page cache in the background
-// while the checksums are read, so the disk has both requests at once.
-func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (file *os.File, length int64, version uint64, sums []uint32, err error) {
+// its file (read-only; nil if the chunk does not exist), where its bytes
+// start in it, its length, version and block checksums, read together
+// under the chunk's read lock so they describe one version. With verify
+// every block is read and checked first: a bad copy fails with a
+// *CorruptionError, as a read of it would. Bytes [wantLo, wantHi) of the
+// chunk, those the client reads first (none if empty), are read into the
+// page cache in the background while the checksums are read, so the disk
+// has both requests at once.
+func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, error) {
 	defer t.chunkLocks.lock(id, false)()
 	if !verify {
-		if file, length, version, sums, ok := t.openForReadDirect(id, wantLo, wantHi); ok {
-			return file, length, version, sums, nil
+		if o, ok := t.openForReadDirect(id, wantLo, wantHi); ok {
+			return o, nil
 		}
 	}
-	f, err := t.openChunk(id, false)
+	f, err := t.openChunk(id, 0)
 	if err != nil || f == nil {
-		return nil, 0, 0, nil, err
+		return Opened{}, err
 	}
 	defer t.store.files.release(f)
 	if err := t.check(f); err != nil {
-		return nil, 0, 0, nil, err
+		return Opened{}, err
 	}
 	nblocks := (f.size + BlockSize - 1) / BlockSize
 	raw := make([]byte, nblocks*crcBytes)
-	m, err := f.crc.ReadAt(raw, f.hdr.sumsOff())
+	m, err := f.readSums(raw, 0)
 	if err != nil && err != io.EOF {
-		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("read checksums of %v", id), err)
+		return Opened{}, t.ioError(fmt.Sprintf("read checksums of %v", id), err)
 	}
 	if m < len(raw) {
-		return nil, 0, 0, nil, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: int64(m) / crcBytes, Missing: true})
+		return Opened{}, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: int64(m) / crcBytes, Missing: true})
 	}
 	if verify {
 		buf := blockPool.Get().(*[BlockSize]byte)
 		defer blockPool.Put(buf)
 		for b := range nblocks {
 			if err := t.readBlocks(f, id, buf[:min(BlockSize, f.size-b*BlockSize)], b); err != nil {
-				return nil, 0, 0, nil, err
+				return Opened{}, err
 			}
 		}
 	}
-	sums = make([]uint32, nblocks)
+	sums := make([]uint32, nblocks)
 	for i := range sums {
 		sums[i] = binary.LittleEndian.Uint32(raw[i*crcBytes:])
 	}
 	// A descriptor of its own, read-only, of the same file.
 	fd, err := syscall.Open(fmt.Sprintf("/proc/self/fd/%d", f.data.Fd()), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), err)
+		return Opened{}, t.ioError(fmt.Sprintf("open %v for reading", id), err)
 	}
 	var st syscall.Stat_t
 	merr := syscall.Fstat(fd, &st)
@@ -567,9 +737,10 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (file *os
 	}
 	if merr != nil {
 		syscall.Close(fd)
-		return nil, 0, 0, nil, t.ioError(fmt.Sprintf("open %v for reading", id), merr)
+		return Opened{}, t.ioError(fmt.Sprintf("open %v for reading", id), merr)
 	}
-	return os.NewFile(uintptr(fd), t.chunkPath(id)), f.size, f.hdr.version, sums, nil
+	return Opened{File: os.NewFile(uintptr(fd), f.data.Name()), DataOffset: f.hdr.dataOff, Length: f.size,
+		Version: f.hdr.version, Sums: sums}, nil
 }
 
 // sumsBufPool holds buffers for a whole checksum file (header and the
@@ -577,21 +748,22 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (file *os
 var sumsBufPool = sync.Pool{New: func() any { return new([headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte) }}
 
 // openForReadDirect is OpenForRead's way for a plain chunk, without the
-// file cache: the data file opened read-only (the descriptor the client
-// gets), its checksum file read whole in one pread. It is about half the
-// system calls of opening the chunk for writing, reopening it read-only
-// and evicting another chunk from the cache, and a sequential reader in
+// file cache: the chunk file opened read-only (the descriptor the client
+// gets) and its head read in one pread. It is about half the system
+// calls of opening the chunk for writing, reopening it read-only and
+// evicting another chunk from the cache, and a sequential reader in
 // place opens one chunk per chunk size it reads. ok is false for anything
-// but a chunk whose header is good and whose data file has the length it
-// says (missing, legacy, damaged, cut short or with an unfinished tail,
-// or any error): the cached way handles, repairs and reports those.
-// Bytes [wantLo, wantHi) are read in meanwhile (readInBackground).
+// but a chunk file whose header is good and whose length is what it says
+// (missing, of the older form, damaged, cut short or with an unfinished
+// tail, or any error): the cached way handles, repairs and reports those.
+// The head and bytes [wantLo, wantHi) are read in meanwhile
+// (readInBackground), so a cold chunk is one request to the disk.
 // Called with the chunk's read lock held.
-func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (file *os.File, length int64, version uint64, sums []uint32, ok bool) {
-	path := t.chunkPath(id)
+func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
+	path := t.inlinePath(id)
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, 0, 0, nil, false
+		return Opened{}, false
 	}
 	keep := false
 	defer func() {
@@ -601,32 +773,29 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (file *os.File, 
 	}()
 	var st syscall.Stat_t
 	if syscall.Fstat(fd, &st) != nil || markHandedOut(fd, st.Mode) != nil {
-		return nil, 0, 0, nil, false
+		return Opened{}, false
 	}
-	t.readInBackground(fd, wantLo, wantHi, st.Size)
-	cfd, err := syscall.Open(path+".crc", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, 0, 0, nil, false
-	}
+	// Most chunk files have a one-page head: read it in with the bytes
+	// the reader wants.
+	t.readInBackground(fd, pageSize, wantLo, wantHi, st.Size-pageSize)
 	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
 	defer sumsBufPool.Put(buf)
-	n, err := syscall.Pread(cfd, buf[:], 0)
-	syscall.Close(cfd)
+	n, err := syscall.Pread(fd, buf[:], 0)
 	if err != nil || n < headerSize {
-		return nil, 0, 0, nil, false
+		return Opened{}, false
 	}
-	h, err := decodeHeader(buf[:n], st.Size)
-	if err != nil || h.legacy || st.Size != h.length {
-		return nil, 0, 0, nil, false
+	h, err := decodeHead(buf[:n])
+	if err != nil || st.Size-h.dataOff != h.length && !(h.length == 0 && st.Size <= h.dataOff) {
+		return Opened{}, false
 	}
 	nblocks := (h.length + BlockSize - 1) / BlockSize
 	if int64(n) < headerSize+nblocks*crcBytes {
-		return nil, 0, 0, nil, false // checksums missing: the cached way reports it
+		return Opened{}, false // checksums missing: the cached way reports it
 	}
-	sums = make([]uint32, nblocks)
+	sums := make([]uint32, nblocks)
 	for i := range sums {
 		sums[i] = binary.LittleEndian.Uint32(buf[headerSize+i*crcBytes:])
 	}
 	keep = true
-	return os.NewFile(uintptr(fd), path), h.length, h.version, sums, true
+	return Opened{File: os.NewFile(uintptr(fd), path), DataOffset: h.dataOff, Length: h.length, Version: h.version, Sums: sums}, true
 }

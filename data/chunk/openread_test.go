@@ -23,10 +23,14 @@ func TestOpenForRead(t *testing.T) {
 		want = append(want, crc32.Checksum(data[off:min(off+BlockSize, size)], castagnoli))
 	}
 	id := ID{Ino: 9, Index: 1}
+	const chunkSize = 1 << 20
+	dataOff := headFor(chunkSize)
 	tests := []struct {
 		name        string
 		write       bool
-		damage      func(t *testing.T, path string)
+		older       bool // written in the older form of two files, with a header
+		noHeader    bool // ... without one
+		damage      func(t *testing.T, tg *Target)
 		wantFile    bool
 		wantLen     int64
 		wantVersion uint64
@@ -35,29 +39,25 @@ func TestOpenForRead(t *testing.T) {
 	}{
 		{name: "plain", write: true, wantFile: true, wantLen: size, wantVersion: 1, direct: true},
 		{name: "missing"},
-		{name: "data cut short", write: true, wantCorrupt: true, damage: func(t *testing.T, p string) {
-			if err := os.Truncate(p, size-100); err != nil {
+		{name: "data cut short", write: true, wantCorrupt: true, damage: func(t *testing.T, tg *Target) {
+			if err := os.Truncate(tg.inlinePath(id), dataOff+size-100); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{name: "unfinished tail", write: true, wantFile: true, wantLen: size, wantVersion: 1, damage: func(t *testing.T, p string) {
-			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		{name: "unfinished tail", write: true, wantFile: true, wantLen: size, wantVersion: 1, damage: func(t *testing.T, tg *Target) {
+			f, err := os.OpenFile(tg.inlinePath(id), os.O_WRONLY|os.O_APPEND, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			f.Write(make([]byte, 5000))
 			f.Close()
 		}},
-		{name: "bad header", write: true, wantCorrupt: true, damage: func(t *testing.T, p string) { flipByte(t, p+".crc", 9) }},
-		{name: "no header (older files)", write: true, wantFile: true, wantLen: size, wantVersion: 0, damage: func(t *testing.T, p string) {
-			b, err := os.ReadFile(p + ".crc")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p+".crc", b[headerSize:], 0o644); err != nil {
-				t.Fatal(err)
-			}
+		{name: "bad header", write: true, wantCorrupt: true, damage: func(t *testing.T, tg *Target) { flipByte(t, tg.inlinePath(id), 9) }},
+		{name: "older form", older: true, wantFile: true, wantLen: size, wantVersion: 1},
+		{name: "older form, bad header", older: true, wantCorrupt: true, damage: func(t *testing.T, tg *Target) {
+			flipByte(t, tg.chunkPath(id)+".crc", 9)
 		}},
+		{name: "no header (older files)", older: true, noHeader: true, wantFile: true, wantLen: size, wantVersion: 0},
 	}
 	for _, tt := range tests {
 		for _, cached := range []bool{false, true} {
@@ -74,14 +74,16 @@ func TestOpenForRead(t *testing.T) {
 				}
 				tg := s.Targets()[0]
 				if tt.write {
-					if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
+					if _, err := tg.Write(id, 1, 0, data, chunkSize, false); err != nil {
 						t.Fatal(err)
 					}
 				}
-				path := tg.chunkPath(id)
+				if tt.older {
+					writeOlder(t, tg, id, 1, 1, data, !tt.noHeader)
+				}
 				s.Close()
 				if tt.damage != nil {
-					tt.damage(t, path)
+					tt.damage(t, tg)
 				}
 				s, err = Open([]string{dir}, opts)
 				if err != nil {
@@ -92,7 +94,8 @@ func TestOpenForRead(t *testing.T) {
 				if cached {
 					tg.Read(id, 0, 1) // puts the chunk in the file cache (an error is the test's below)
 				}
-				f, length, version, sums, err := tg.OpenForRead(id, false, 0, 0)
+				o, err := tg.OpenForRead(id, false, 0, 0)
+				f, length, version, sums := o.File, o.Length, o.Version, o.Sums
 				if f != nil {
 					defer f.Close()
 				}
@@ -124,7 +127,7 @@ func TestOpenForRead(t *testing.T) {
 					}
 				}
 				got := make([]byte, length)
-				if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+				if _, err := f.ReadAt(got, o.DataOffset); err != nil || !bytes.Equal(got, data) {
 					t.Errorf("read through the descriptor: %v, bytes equal: %v", err, bytes.Equal(got, data))
 				}
 				if _, err := f.WriteAt([]byte{1}, 0); err == nil {

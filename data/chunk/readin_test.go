@@ -10,11 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dropFromCache writes the chunk's data file back and drops it from the
-// page cache.
+// dropFromCache writes the chunk's file back and drops it from the page
+// cache.
 func dropFromCache(t *testing.T, tg *Target, id ID) {
 	t.Helper()
-	f, err := os.Open(tg.chunkPath(id))
+	f, err := os.Open(tg.inlinePath(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,10 +102,11 @@ func TestOpenForReadReadsInTheWantedRange(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dropFromCache(t, tg, id)
 			before := tg.readIns.Load()
-			f, length, _, _, err := tg.OpenForRead(id, false, tt.lo, tt.hi)
+			o, err := tg.OpenForRead(id, false, tt.lo, tt.hi)
 			if err != nil {
 				t.Fatal(err)
 			}
+			f, length := o.File, o.Length
 			defer f.Close()
 			if length != int64(len(data)) {
 				t.Fatalf("length %d, want %d", length, len(data))
@@ -123,11 +124,14 @@ func TestOpenForReadReadsInTheWantedRange(t *testing.T) {
 				}
 				t.Fatalf("read in: %v, want %v", got, tt.readIn)
 			}
-			if tt.readIn && !resident(t, f, tt.inLo, tt.inHi) {
+			if tt.readIn && !resident(t, f, o.DataOffset+tt.inLo, o.DataOffset+tt.inHi) {
 				t.Errorf("bytes %d-%d are not all in the page cache", tt.inLo, tt.inHi)
 			}
+			if tt.readIn && tt.lo == 0 && !resident(t, f, 0, o.DataOffset) {
+				t.Error("a range from the chunk's start was read in without the file's head")
+			}
 			got := make([]byte, len(data))
-			if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+			if _, err := f.ReadAt(got, o.DataOffset); err != nil || !bytes.Equal(got, data) {
 				t.Fatalf("read through the descriptor: %v, bytes equal: %v", err, bytes.Equal(got, data))
 			}
 		})

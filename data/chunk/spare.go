@@ -17,23 +17,17 @@ import (
 // Creating a file can be the dearest step of writing a new chunk: ext4
 // searches its inode bitmaps for a free inode, and on a disk whose
 // files come and go that took 300-650 us per file here, where renaming
-// one took 20 us. Each chunk is two files (data and checksums), so a
-// megabyte written cost a millisecond of CPU in creates alone. A target
-// therefore keeps the files of the chunks it deletes, emptied, in
-// <target>/spare (up to maxSpare), and makes the files of new chunks by
-// renaming a spare into place (RENAME_NOREPLACE, so it fails as an
-// exclusive create would).
+// one took 20 us. A target therefore keeps the files of the chunks it
+// deletes, emptied, in <target>/spare (up to maxSpare), and makes the
+// files of new chunks by renaming a spare into place (RENAME_NOREPLACE,
+// so it fails as an exclusive create would).
 //
-// A chunk's data file may have been handed to a client for reading in
-// place (OpenForRead): the client may still hold that descriptor, so
-// the file must never hold another chunk's data. Data files are made
-// with mode 0600 and given mode 0644 when first handed out (the mark
-// lasts across restarts; files made before spares existed have 0644
-// too). A data file with 0644 is only reused as a checksum file, which
-// no client reads; what a client would read through a stale descriptor
-// then fails its checksums, as any changed block does, and is never
-// returned. Checksum files and unmarked data files are reused for
-// either.
+// A chunk file may have been handed to a client for reading in place
+// (OpenForRead): the client may still hold that descriptor, so the file
+// must never hold another chunk. Chunk files are made with mode 0600 and
+// given mode 0644 when first handed out (the mark lasts across
+// restarts; files made before spares existed have 0644 too); a file
+// with 0644 is removed, not kept, when its chunk is deleted.
 //
 // Spares left at a restart may hold data (a crash between the rename and
 // the truncate): they are removed when the target opens.
@@ -42,7 +36,7 @@ import (
 // data blocks).
 const maxSpare = 4096
 
-// File modes of chunk data files: fresh ones, and ones handed out for
+// File modes of chunk files: fresh ones, and ones handed out for
 // reading in place (or made before spares existed).
 const (
 	dataModeFresh     = 0o600
@@ -51,13 +45,10 @@ const (
 
 // spares is a target's pool of spare files.
 type spares struct {
-	mu sync.Mutex
-	// any holds spares that may become data or checksum files; sumsOnly
-	// holds data files once handed out, which may only become checksum
-	// files. Both hold names of files in the spare directory.
-	any, sumsOnly []uint64
-	next          uint64 // name of the next file put in the pool
-	off           bool   // the file system cannot rename without replacing
+	mu    sync.Mutex
+	names []uint64 // names of the files in the spare directory
+	next  uint64   // name of the next file put in the pool
+	off   bool     // the file system cannot rename without replacing
 }
 
 func (t *Target) spareDir() string { return filepath.Join(t.dir, "spare") }
@@ -83,53 +74,37 @@ func (t *Target) initSpares() error {
 func (t *Target) SpareFiles() int {
 	t.spare.mu.Lock()
 	defer t.spare.mu.Unlock()
-	return len(t.spare.any) + len(t.spare.sumsOnly)
+	return len(t.spare.names)
 }
 
-// takeSpare pops a spare fit for a data file (sums false) or a checksum
-// file (sums true); ok is false when there is none.
-func (t *Target) takeSpare(sums bool) (n uint64, sumsOnly, ok bool) {
+// takeSpare pops a spare; ok is false when there is none.
+func (t *Target) takeSpare() (n uint64, ok bool) {
 	s := &t.spare
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.off {
-		return 0, false, false
+	if s.off || len(s.names) == 0 {
+		return 0, false
 	}
-	if sums && len(s.sumsOnly) > 0 {
-		n = s.sumsOnly[len(s.sumsOnly)-1]
-		s.sumsOnly = s.sumsOnly[:len(s.sumsOnly)-1]
-		return n, true, true
-	}
-	if len(s.any) > 0 {
-		n = s.any[len(s.any)-1]
-		s.any = s.any[:len(s.any)-1]
-		return n, false, true
-	}
-	return 0, false, false
+	n = s.names[len(s.names)-1]
+	s.names = s.names[:len(s.names)-1]
+	return n, true
 }
 
 // putBack returns a spare takeSpare gave that was not used.
-func (t *Target) putBack(n uint64, sumsOnly bool) {
+func (t *Target) putBack(n uint64) {
 	s := &t.spare
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if sumsOnly {
-		s.sumsOnly = append(s.sumsOnly, n)
-	} else {
-		s.any = append(s.any, n)
-	}
+	s.names = append(s.names, n)
 }
 
-// createFile creates the file at path, which must not exist, open for
-// reading and writing and empty: from a spare when there is one, else
-// anew. A data file (sums false) gets mode dataModeFresh.
-func (t *Target) createFile(path string, sums bool) (*os.File, error) {
-	mode := os.FileMode(dataModeFresh)
-	if sums {
-		mode = 0o644
-	}
+// createFile creates the chunk file at path, which must not exist, open
+// for reading and writing, empty and of mode dataModeFresh: from a spare
+// when there is one, else anew.
+func (t *Target) createFile(path string) (*os.File, error) {
+	const mode = dataModeFresh
 	for {
-		n, sumsOnly, ok := t.takeSpare(sums)
+		n, ok := t.takeSpare()
 		if !ok {
 			return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
 		}
@@ -147,13 +122,13 @@ func (t *Target) createFile(path string, sums bool) (*os.File, error) {
 			// The spare is gone (it should not be), or the directory of
 			// path is (a concurrent delete): the caller tries again.
 			if _, serr := os.Lstat(t.sparePath(n)); serr == nil {
-				t.putBack(n, sumsOnly)
+				t.putBack(n)
 			}
 			return nil, &os.PathError{Op: "create", Path: path, Err: fs.ErrNotExist}
 		default:
 			// EEXIST (path exists: the create below says so as an
 			// exclusive create would), or anything else: create.
-			t.putBack(n, sumsOnly)
+			t.putBack(n)
 			return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
 		}
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -186,20 +161,17 @@ func readyFile(f *os.File, mode os.FileMode) error {
 }
 
 // discard removes the file at path from the chunk tree, keeping it as a
-// spare when the pool has room (emptied, so its blocks are free at
-// once). It fails with fs.ErrNotExist if there is no such file.
-func (t *Target) discard(path string, sums bool) error {
-	sumsOnly := false
-	if !sums {
-		info, err := os.Lstat(path)
-		if err != nil {
-			return err
-		}
-		sumsOnly = info.Mode().Perm() != dataModeFresh
+// spare when the pool has room and no client was handed it (emptied, so
+// its blocks are free at once). It fails with fs.ErrNotExist if there is
+// no such file.
+func (t *Target) discard(path string) error {
+	info, err := os.Lstat(path)
+	if err != nil {
+		return err
 	}
 	s := &t.spare
 	s.mu.Lock()
-	if s.off || len(s.any)+len(s.sumsOnly) >= maxSpare {
+	if s.off || len(s.names) >= maxSpare || info.Mode().Perm() != dataModeFresh {
 		s.mu.Unlock()
 		return os.Remove(path)
 	}
@@ -219,7 +191,7 @@ func (t *Target) discard(path string, sums bool) error {
 		os.Remove(spare)
 		return nil
 	}
-	t.putBack(n, sumsOnly)
+	t.putBack(n)
 	return nil
 }
 

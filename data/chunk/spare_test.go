@@ -28,12 +28,12 @@ func TestSpareFilesReused(t *testing.T) {
 	if _, err := tg.Write(a, 1, 0, pattern(1, size), MaxChunkSize, false); err != nil {
 		t.Fatal(err)
 	}
-	old := map[uint64]bool{inodeOf(t, tg.chunkPath(a)): true, inodeOf(t, tg.chunkPath(a)+".crc"): true}
+	old := inodeOf(t, tg.inlinePath(a))
 	if err := tg.DeleteFile(a.Ino); err != nil {
 		t.Fatal(err)
 	}
-	if n := tg.SpareFiles(); n != 2 {
-		t.Fatalf("%d spare files after deleting a chunk, want 2", n)
+	if n := tg.SpareFiles(); n != 1 {
+		t.Fatalf("%d spare files after deleting a chunk, want 1", n)
 	}
 	entries, err := os.ReadDir(tg.spareDir())
 	if err != nil {
@@ -52,15 +52,13 @@ func TestSpareFilesReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := tg.SpareFiles(); n != 0 {
-		t.Fatalf("%d spare files after writing a new chunk, want 0 (both reused)", n)
+		t.Fatalf("%d spare files after writing a new chunk, want 0 (reused)", n)
 	}
-	for _, p := range []string{tg.chunkPath(b), tg.chunkPath(b) + ".crc"} {
-		if !old[inodeOf(t, p)] {
-			t.Errorf("%s was created anew, not made from a spare", filepath.Base(p))
-		}
+	if inodeOf(t, tg.inlinePath(b)) != old {
+		t.Errorf("%s was created anew, not made from a spare", filepath.Base(tg.inlinePath(b)))
 	}
-	if info, err := os.Stat(tg.chunkPath(b)); err != nil || info.Mode().Perm() != dataModeFresh {
-		t.Fatalf("new data file: %v, mode %v; want %o", err, info.Mode(), dataModeFresh)
+	if info, err := os.Stat(tg.inlinePath(b)); err != nil || info.Mode().Perm() != dataModeFresh {
+		t.Fatalf("new chunk file: %v, mode %v; want %o", err, info.Mode(), dataModeFresh)
 	}
 	checkChunk(t, tg, b, small)
 	if u, _ := tg.Usage(); u.Chunks != 1 || u.UsedBytes != uint64(len(small)) {
@@ -68,7 +66,7 @@ func TestSpareFilesReused(t *testing.T) {
 	}
 
 	// The pool is bounded: past maxSpare, files are removed.
-	for i := range maxSpare/2 + 3 {
+	for i := range maxSpare + 3 {
 		id := ID{Ino: 100, Index: uint64(i)}
 		if _, err := tg.Write(id, 1, 0, small[:10], MaxChunkSize, false); err != nil {
 			t.Fatal(err)
@@ -85,10 +83,10 @@ func TestSpareFilesReused(t *testing.T) {
 	}
 }
 
-// TestHandedOutFileNeverHoldsOtherData checks that a data file handed to
-// a client for reading in place never becomes another chunk's data file
-// (the client may still read through its descriptor): it may only
-// become a checksum file.
+// TestHandedOutFileNeverHoldsOtherData checks that a chunk file handed to
+// a client for reading in place never becomes another chunk's file (the
+// client may still read through its descriptor): it is removed, not kept
+// as a spare, when its chunk is deleted.
 func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	_, tg := openTestStore(t, Options{})
 	a := ID{Ino: 7, Index: 0}
@@ -96,7 +94,8 @@ func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	if _, err := tg.Write(a, 1, 0, secret, MaxChunkSize, true); err != nil {
 		t.Fatal(err)
 	}
-	f, _, _, _, err := tg.OpenForRead(a, false, 0, 0)
+	o, err := tg.OpenForRead(a, false, 0, 0)
+	f := o.File
 	if err != nil || f == nil {
 		t.Fatalf("open for reading in place: %v, %v", f, err)
 	}
@@ -113,45 +112,38 @@ func TestHandedOutFileNeverHoldsOtherData(t *testing.T) {
 	if _, err := tg.Write(v, 1, 0, secret, MaxChunkSize, true); err != nil {
 		t.Fatal(err)
 	}
-	vf, _, _, _, err := tg.OpenForRead(v, true, 0, 0)
-	if err != nil || vf == nil {
-		t.Fatalf("open for reading in place, verified: %v, %v", vf, err)
+	vo, err := tg.OpenForRead(v, true, 0, 0)
+	if err != nil || vo.File == nil {
+		t.Fatalf("open for reading in place, verified: %v, %v", vo.File, err)
 	}
-	vf.Close()
-	if info, err := os.Stat(tg.chunkPath(v)); err != nil || info.Mode().Perm() != dataModeHandedOut {
+	vo.File.Close()
+	if info, err := os.Stat(tg.inlinePath(v)); err != nil || info.Mode().Perm() != dataModeHandedOut {
 		t.Fatalf("data file handed out by a verified open: %v, mode %v; want %o", err, info.Mode(), dataModeHandedOut)
 	}
 	if err := tg.DeleteFile(a.Ino); err != nil {
 		t.Fatal(err)
 	}
-	// It is a spare for checksum files only.
+	// It is not a spare.
 	tg.spare.mu.Lock()
-	var inAny, inSums bool
-	for _, n := range tg.spare.any {
-		inAny = inAny || inodeOf(t, tg.sparePath(n)) == held.Ino
-	}
-	for _, n := range tg.spare.sumsOnly {
-		inSums = inSums || inodeOf(t, tg.sparePath(n)) == held.Ino
+	for _, n := range tg.spare.names {
+		if inodeOf(t, tg.sparePath(n)) == held.Ino {
+			t.Error("the handed-out chunk file is a spare")
+		}
 	}
 	tg.spare.mu.Unlock()
-	if inAny || !inSums {
-		t.Fatalf("the handed-out data file is a spare for any file: %v, for checksums only: %v; want checksums only", inAny, inSums)
-	}
-	// New chunks take the spares: the handed-out file may only become a
-	// checksum file.
 	for i := range 3 {
 		id := ID{Ino: 8, Index: uint64(i)}
 		if _, err := tg.Write(id, 1, 0, pattern(10+i, BlockSize), MaxChunkSize, false); err != nil {
 			t.Fatal(err)
 		}
-		if inodeOf(t, tg.chunkPath(id)) == held.Ino {
-			t.Fatalf("the data file a client holds became the data file of %v", id)
+		if inodeOf(t, tg.inlinePath(id)) == held.Ino {
+			t.Fatalf("the chunk file a client holds became the file of %v", id)
 		}
 	}
 	got := make([]byte, len(secret))
-	n, _ := f.ReadAt(got, 0)
-	if n > 0 && bytes.Contains(got[:n], pattern(10, BlockSize)[:4096]) {
-		t.Fatal("a client's descriptor of a deleted chunk shows another chunk's data")
+	n, _ := f.ReadAt(got, o.DataOffset)
+	if n > 0 && !bytes.Equal(got[:n], secret[:n]) {
+		t.Fatal("a client's descriptor of a deleted chunk shows other bytes than the chunk's")
 	}
 }
 

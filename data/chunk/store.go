@@ -212,8 +212,14 @@ func (t *Target) scan(root string) error {
 		if err != nil {
 			return t.ioError("scan chunks", err)
 		}
+		size := info.Size()
+		if strings.HasSuffix(d.Name(), inlineSuffix) {
+			// The head is not counted; a two-page head (chunks over
+			// 63.5 MiB) counts a page until the chunk is next written.
+			size = max(size-pageSize, 0)
+		}
 		t.numChunks.Add(1)
-		t.usedBytes.Add(info.Size())
+		t.usedBytes.Add(size)
 		return nil
 	})
 }

@@ -51,7 +51,7 @@ func (m *model) write(off int, data []byte) {
 }
 
 // checkChunk verifies the chunk's bytes, its length and every checksum in
-// its .crc file against the model.
+// its file's head against the model.
 func checkChunk(t *testing.T, tg *Target, id ID, want model) {
 	t.Helper()
 	got, err := tg.Read(id, 0, MaxChunkSize)
@@ -61,27 +61,22 @@ func checkChunk(t *testing.T, tg *Target, id ID, want model) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("%v: content differs from model (got %d bytes, want %d)", id, len(got), len(want))
 	}
-	sums, err := os.ReadFile(tg.chunkPath(id) + ".crc")
-	if len(sums) >= headerSize {
-		h, herr := decodeHeader(sums, 0)
-		if herr != nil || h.legacy || h.length != int64(len(want)) {
-			t.Fatalf("%v: header %+v, %v; want length %d", id, h, herr, len(want))
-		}
-		sums = sums[headerSize:]
-	}
-	if len(want) == 0 {
-		if err == nil && len(sums) != 0 {
-			t.Fatalf("%v: empty chunk has %d checksum bytes", id, len(sums))
-		}
+	file, err := os.ReadFile(tg.inlinePath(id))
+	if len(want) == 0 && (errors.Is(err, os.ErrNotExist) || len(file) < headerSize) {
 		return
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	nblocks := (len(want) + BlockSize - 1) / BlockSize
-	if len(sums) != nblocks*crcBytes {
-		t.Fatalf("%v: .crc has %d bytes, want %d", id, len(sums), nblocks*crcBytes)
+	h, herr := decodeHead(file)
+	if herr != nil || h.length != int64(len(want)) {
+		t.Fatalf("%v: header %+v, %v; want length %d", id, h, herr, len(want))
 	}
+	if (h.length > 0 && int64(len(file)) != h.dataOff+h.length) || (h.length == 0 && int64(len(file)) > h.dataOff) {
+		t.Fatalf("%v: file of %d bytes, want the head (%d) and %d bytes", id, len(file), h.dataOff, h.length)
+	}
+	nblocks := (len(want) + BlockSize - 1) / BlockSize
+	sums := file[headerSize:]
 	for b := range nblocks {
 		block := want[b*BlockSize : min((b+1)*BlockSize, len(want))]
 		if got, exp := binary.LittleEndian.Uint32(sums[b*crcBytes:]), crc32.Checksum(block, castagnoli); got != exp {
@@ -170,7 +165,7 @@ func TestWriteOutsideChunkFails(t *testing.T) {
 			}
 		})
 	}
-	if _, err := os.Stat(tg.chunkPath(id)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(tg.inlinePath(id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("refused writes created the chunk: %v", err)
 	}
 }
@@ -235,7 +230,7 @@ func TestTruncateFile(t *testing.T) {
 					want = file[lo:hi]
 				}
 				checkChunk(t, tg, id, want)
-				_, err := os.Stat(tg.chunkPath(id))
+				_, err := os.Stat(tg.inlinePath(id))
 				exists := err == nil
 				if wantExists := uint64(idx)*chunkSize < uint64(tc.size) && (idx < 5 || idx == 6); exists != wantExists {
 					t.Errorf("%v exists = %v, want %v", id, exists, wantExists)
@@ -312,7 +307,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 	size := 3*BlockSize + 1000
 	tests := []struct {
 		name      string
-		file      string // "data" or "crc"
+		file      string // "data" or "crc" (the checksums in the head)
 		pos       int
 		readOff   int
 		readLen   int
@@ -333,11 +328,11 @@ func TestCorruptionIsDetected(t *testing.T) {
 			if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
 				t.Fatal(err)
 			}
-			path := tg.chunkPath(id)
+			pos := int(headFor(MaxChunkSize)) + tc.pos
 			if tc.file == "crc" {
-				path += ".crc"
+				pos = tc.pos
 			}
-			flipByte(t, path, tc.pos)
+			flipByte(t, tg.inlinePath(id), pos)
 			_, err := tg.Read(id, int64(tc.readOff), tc.readLen)
 			if !errors.Is(err, syscall.EIO) || !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("read of corrupt block: %v, want EIO", err)

@@ -185,14 +185,14 @@ func TestDamagedChunkFilesDetected(t *testing.T) {
 		damage func(path string) error
 		check  func(*CorruptionError) bool
 	}{
-		{"data cut on a block boundary", func(p string) error { return os.Truncate(p, BlockSize) },
+		{"data cut on a block boundary", func(p string) error { return os.Truncate(p, headFor(MaxChunkSize)+BlockSize) },
 			func(e *CorruptionError) bool { return e.Truncated && e.Length == BlockSize }},
-		{"data cut inside a block", func(p string) error { return os.Truncate(p, 1000) },
+		{"data cut inside a block", func(p string) error { return os.Truncate(p, headFor(MaxChunkSize)+1000) },
 			func(e *CorruptionError) bool { return e.Truncated }},
 		{"header", func(p string) error {
-			b, _ := os.ReadFile(p + ".crc")
+			b, _ := os.ReadFile(p)
 			b[20] ^= 4
-			return os.WriteFile(p+".crc", b, 0o644)
+			return os.WriteFile(p, b, 0o644)
 		}, func(e *CorruptionError) bool { return e.Header }},
 	}
 	for _, tc := range tests {
@@ -202,7 +202,7 @@ func TestDamagedChunkFilesDetected(t *testing.T) {
 			if _, err := tg.Write(id, 1, 0, pattern(1, 3*BlockSize), MaxChunkSize, false); err != nil {
 				t.Fatal(err)
 			}
-			if err := tc.damage(tg.chunkPath(id)); err != nil {
+			if err := tc.damage(tg.inlinePath(id)); err != nil {
 				t.Fatal(err)
 			}
 			_, err := tg.Verify(id)
@@ -225,7 +225,7 @@ func TestUncommittedTailIsCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An extending write that reached the data file but not the header.
-	f, _ := os.OpenFile(tg.chunkPath(id), os.O_WRONLY|os.O_APPEND, 0)
+	f, _ := os.OpenFile(tg.inlinePath(id), os.O_WRONLY|os.O_APPEND, 0)
 	f.Write([]byte("never acknowledged"))
 	f.Close()
 	if n, err := tg.Verify(id); err != nil || n != int64(len(data)) {

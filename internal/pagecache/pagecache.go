@@ -31,7 +31,7 @@ var ErrNoPopulate = errors.New("MADV_POPULATE_READ is not supported")
 // cache in large folios, waiting for the disk. A range past the end of
 // the file fails with EFAULT (not a signal).
 func Populate(fd int, lo, hi int64) error {
-	_, err := populate(fd, lo, hi, false)
+	_, err := populate(fd, lo, hi, -1)
 	return err
 }
 
@@ -39,10 +39,18 @@ func Populate(fd int, lo, hi int64) error {
 // page cache (a cold range), and nothing otherwise: the cost of a cached
 // range is one mapping and a mincore. populated reports whether it read.
 func PopulateIfCold(fd int, lo, hi int64) (populated bool, err error) {
-	return populate(fd, lo, hi, true)
+	return populate(fd, lo, hi, lo)
 }
 
-func populate(fd int, lo, hi int64, ifCold bool) (bool, error) {
+// PopulateIfColdAt is PopulateIfCold that looks at the page holding byte
+// probe (in [lo, hi)) to tell a cold range, for a range whose first
+// pages another read may bring in meanwhile.
+func PopulateIfColdAt(fd int, lo, hi, probe int64) (populated bool, err error) {
+	return populate(fd, lo, hi, probe)
+}
+
+// populate is Populate, or PopulateIfCold probing byte probe if probe >= 0.
+func populate(fd int, lo, hi int64, probe int64) (bool, error) {
 	if lo >= hi {
 		return false, nil
 	}
@@ -53,9 +61,10 @@ func populate(fd int, lo, hi int64, ifCold bool) (bool, error) {
 		return false, fmt.Errorf("map bytes %d-%d: %w", start, hi, err)
 	}
 	defer unix.Munmap(m)
-	if ifCold {
+	if probe >= 0 {
+		at := min(max(probe, start), hi-1) / page * page
 		var vec [1]byte
-		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(page), uintptr(unsafe.Pointer(&vec[0])))
+		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[at-start])), uintptr(page), uintptr(unsafe.Pointer(&vec[0])))
 		if errno == 0 && vec[0]&1 != 0 {
 			return false, nil
 		}

@@ -40,11 +40,14 @@ import (
 // LocalChunk is a chunk of a data server on this host, opened for
 // reading in place.
 type LocalChunk struct {
-	// File is the chunk's data file, open read-only; nil if the server
-	// holds no such chunk (it reads as zeros).
-	File    *os.File
-	Length  int64
-	Version uint64
+	// File is the chunk's file, open read-only; nil if the server holds
+	// no such chunk (it reads as zeros).
+	File *os.File
+	// DataOffset is where the chunk's bytes start in File (after the
+	// header and checksums the server keeps in it).
+	DataOffset int64
+	Length     int64
+	Version    uint64
 	// Sums holds the CRC32C (Castagnoli) of each BlockSize block of the
 	// chunk, the last one of the bytes present.
 	Sums []uint32
@@ -53,6 +56,10 @@ type LocalChunk struct {
 	// be serving the chain (see the data server's fencing).
 	Lease time.Duration
 }
+
+// offsetShift places LocalChunk.DataOffset in the top bits of the length
+// in an open's answer.
+const offsetShift = 40
 
 // BlockSize is the unit of the checksums in LocalChunk.Sums.
 const BlockSize = 64 << 10
@@ -124,7 +131,10 @@ func (c *serverConn) openChunk(id uint64, req *weftv1.ReadChunkRequest, verify b
 	}
 	payload := make([]byte, 16+4*len(lc.Sums))
 	le.PutUint64(payload[0:], lc.Version)
-	le.PutUint64(payload[8:], uint64(lc.Length))
+	// The data offset rides in the length's top bits (a chunk is at
+	// most 64 MiB): a client that knows nothing of it sees a length
+	// that does not match the checksums and reads through the server.
+	le.PutUint64(payload[8:], uint64(lc.Length)|uint64(lc.DataOffset)<<offsetShift)
 	for i, s := range lc.Sums {
 		le.PutUint32(payload[16+4*i:], s)
 	}
@@ -388,11 +398,12 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 		return nil, 0, false, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
 	}
 	out = &LocalChunk{
-		File:    os.NewFile(uintptr(fd), "chunk"),
-		Version: le.Uint64(p[0:]),
-		Length:  int64(le.Uint64(p[8:])),
-		Sums:    make([]uint32, (len(p)-16)/4),
-		Lease:   time.Duration(h.aux) * time.Millisecond,
+		File:       os.NewFile(uintptr(fd), "chunk"),
+		Version:    le.Uint64(p[0:]),
+		Length:     int64(le.Uint64(p[8:]) & (1<<offsetShift - 1)),
+		DataOffset: int64(le.Uint64(p[8:]) >> offsetShift),
+		Sums:       make([]uint32, (len(p)-16)/4),
+		Lease:      time.Duration(h.aux) * time.Millisecond,
 	}
 	for i := range out.Sums {
 		out.Sums[i] = le.Uint32(p[16+4*i:])
