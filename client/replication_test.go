@@ -88,7 +88,7 @@ func (tc *testCluster) serverOf(addr string) int {
 // chunkPath is where data server i keeps chunk idx of inode ino.
 func (tc *testCluster) chunkPath(i int, ino, idx uint64) string {
 	return filepath.Join(tc.dataDirs[i], "chunks", fmt.Sprintf("%02x", ino%256), strconv.FormatUint(ino, 16),
-		strconv.FormatUint(idx, 10))
+		strconv.FormatUint(idx, 10)+".w")
 }
 
 // members returns the data server indexes holding the chunks of chain id.
@@ -253,8 +253,13 @@ func corrupt(t *testing.T, path string) {
 	if err != nil || st.Size() < 2 {
 		t.Fatalf("corrupt chunk %s: size %v, err %v", path, st.Size(), err)
 	}
+	// The middle of the chunk's bytes, after the file's head (byte 7 of
+	// its header counts its pages).
+	var head [8]byte
+	fh.ReadAt(head[:], 0)
+	dataOff := int64(head[7]) * 4096
 	b := make([]byte, 16)
-	off := st.Size() / 2
+	off := dataOff + (st.Size()-dataOff)/2
 	n, _ := fh.ReadAt(b, off)
 	for i := range b[:n] {
 		b[i] ^= 0xff

@@ -188,7 +188,8 @@ func TestForwardedWriteNeedsFullChunk(t *testing.T) {
 	}
 }
 
-// flipFileByte corrupts one byte of a chunk's data file on a target.
+// flipFileByte corrupts byte pos of a chunk's data on a target (in its
+// chunk file, after the head).
 func flipFileByte(t *testing.T, targetDir string, id chunk.ID, pos int) {
 	t.Helper()
 	path := chunkFilePath(targetDir, id)
@@ -196,14 +197,25 @@ func flipFileByte(t *testing.T, targetDir string, id chunk.ID, pos int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[pos] ^= 0x20
+	b[dataOffset(t, b)+pos] ^= 0x20
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// dataOffset returns where the data starts in chunk file b: byte 7 of
+// its header counts the pages of its head.
+func dataOffset(t *testing.T, b []byte) int {
+	t.Helper()
+	if len(b) < 32 || string(b[:7]) != "weftch2" {
+		t.Fatalf("not a chunk file (%d bytes)", len(b))
+	}
+	return int(b[7]) * 4096
+}
+
+// chunkFilePath is the path of a chunk's file on a target.
 func chunkFilePath(targetDir string, id chunk.ID) string {
-	return targetDir + "/chunks/" + hex2(id.Ino%256) + "/" + strconvHex(id.Ino) + "/" + strconvDec(id.Index)
+	return targetDir + "/chunks/" + hex2(id.Ino%256) + "/" + strconvHex(id.Ino) + "/" + strconvDec(id.Index) + ".w"
 }
 
 func TestCorruptCopyRepairedFromPeer(t *testing.T) {
@@ -220,14 +232,15 @@ func TestCorruptCopyRepairedFromPeer(t *testing.T) {
 	}{
 		{"bit rot found by scrub", 1, func(t *testing.T, path string) { flipFileByte(t, c.target(1).Dir(), id, 70000) }, scrubDetects(c, 1)},
 		{"truncated file found by scrub", 2, func(t *testing.T, path string) {
-			if err := os.Truncate(path, 3*chunk.BlockSize); err != nil {
+			b, _ := os.ReadFile(path)
+			if err := os.Truncate(path, int64(dataOffset(t, b))+3*chunk.BlockSize); err != nil {
 				t.Fatal(err)
 			}
 		}, scrubDetects(c, 1)},
 		{"damaged header found by scrub", 1, func(t *testing.T, path string) {
-			b, _ := os.ReadFile(path + ".crc")
+			b, _ := os.ReadFile(path)
 			b[9] ^= 1
-			os.WriteFile(path+".crc", b, 0o644)
+			os.WriteFile(path, b, 0o644)
 		}, scrubDetects(c, 1)},
 		{"bit rot found by a read", 0, func(t *testing.T, path string) { flipFileByte(t, c.target(0).Dir(), id, 5) },
 			func(t *testing.T, server int) {

@@ -228,12 +228,12 @@ func TestCorruptChunkGivesEIO(t *testing.T) {
 	if _, err := ts.client.WriteChunk(ctx, &weftv1.WriteChunkRequest{Chunk: chunkID, ChainId: 7, ChainVersion: 1, Data: bytes.Repeat([]byte{7}, 100000), ChunkSize: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "chunks", "ab", "1ab", "4")
+	path := filepath.Join(dir, "chunks", "ab", "1ab", "4.w")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[70000] ^= 1
+	b[dataOffset(t, b)+70000] ^= 1
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}

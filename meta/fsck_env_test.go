@@ -210,7 +210,7 @@ func (e *fsckEnv) writeTail(a *weftv1.Attr, index uint64, b []byte) {
 func (e *fsckEnv) chunkCopies(ino, index uint64) int {
 	n := 0
 	for _, dir := range e.targets {
-		p := filepath.Join(dir, "chunks", fmt.Sprintf("%02x", ino%256), fmt.Sprintf("%x", ino), fmt.Sprint(index))
+		p := filepath.Join(dir, "chunks", fmt.Sprintf("%02x", ino%256), fmt.Sprintf("%x", ino), fmt.Sprint(index)+".w")
 		if _, err := os.Stat(p); err == nil {
 			n++
 		}

@@ -661,7 +661,9 @@ func (t *Target) readInBackground(fd int, base, lo, hi, size int64) {
 	}
 	go func() {
 		defer unix.Close(dup)
-		t.populate(dup, from, base+hi, base+lo)
+		// Cold is told by the range's last page: the head's read may
+		// bring in the first ones meanwhile.
+		t.populate(dup, from, base+hi, base+hi-1)
 	}()
 }
 

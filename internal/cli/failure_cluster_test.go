@@ -329,12 +329,26 @@ type chunkCopy struct {
 	data, crc []byte
 }
 
-// chunkChain reads the chain id from a chunk's checksum file header.
-func chunkChain(crc []byte) (uint64, bool) {
-	if len(crc) < 32 || string(crc[:8]) != "weftchk1" {
+// chunkChain reads the chain id from the header of a chunk file.
+func chunkChain(head []byte) (uint64, bool) {
+	if len(head) < 32 || string(head[:7]) != "weftch2" {
 		return 0, false
 	}
-	return binary.LittleEndian.Uint64(crc[16:24]), true
+	return binary.LittleEndian.Uint64(head[16:24]), true
+}
+
+// splitChunkFile returns a chunk file's header and the checksums of its
+// blocks (what replicas must agree on; a head may hold stale checksums
+// past the chunk's end), and its data.
+func splitChunkFile(b []byte) (head, data []byte) {
+	off := int(b[7]) * 4096
+	length := int(binary.LittleEndian.Uint32(b[24:28]))
+	nsums := (length + 64<<10 - 1) / (64 << 10)
+	head = b[:min(len(b), 32+4*nsums)]
+	if len(b) > off {
+		data = b[off:]
+	}
+	return head, data
 }
 
 // chunksOn reads every chunk below target dir written through chain id,
@@ -350,23 +364,19 @@ func chunksOn(t *testing.T, dir string, chain uint64) map[string]chunkCopy {
 			}
 			return err
 		}
-		if !d.Type().IsRegular() || !strings.HasSuffix(p, ".crc") {
+		if !d.Type().IsRegular() || !strings.HasSuffix(p, ".w") {
 			return nil
 		}
-		crc, err := os.ReadFile(p)
+		b, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
-		if id, ok := chunkChain(crc); !ok || id != chain {
+		if id, ok := chunkChain(b); !ok || id != chain {
 			return nil
 		}
-		dp := strings.TrimSuffix(p, ".crc")
-		b, err := os.ReadFile(dp)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, dp)
-		out[rel] = chunkCopy{data: b, crc: crc}
+		head, data := splitChunkFile(b)
+		rel, _ := filepath.Rel(dir, p)
+		out[rel] = chunkCopy{data: data, crc: head}
 		return nil
 	})
 	if err != nil {
@@ -472,11 +482,11 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// dirBytes sums the sizes of the chunk data files below a target.
+// dirBytes sums the sizes of the chunk files below a target.
 func dirBytes(dir string) int64 {
 	var n int64
 	filepath.WalkDir(filepath.Join(dir, "chunks"), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() && !strings.HasSuffix(p, ".crc") && !strings.HasSuffix(p, ".tmp") {
+		if err == nil && d.Type().IsRegular() && strings.HasSuffix(p, ".w") {
 			if fi, err := d.Info(); err == nil {
 				n += fi.Size()
 			}

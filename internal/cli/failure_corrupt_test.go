@@ -16,9 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// chunkRel is the path of chunk index of inode ino below a target.
+// chunkRel is the path of the file of chunk index of inode ino below a
+// target.
 func chunkRel(ino, index uint64) string {
-	return filepath.Join("chunks", fmt.Sprintf("%02x", ino%256), fmt.Sprintf("%x", ino), fmt.Sprint(index))
+	return filepath.Join("chunks", fmt.Sprintf("%02x", ino%256), fmt.Sprintf("%x", ino), fmt.Sprint(index)+".w")
 }
 
 // inoOf is the inode number of a file on a mount.
@@ -93,7 +94,7 @@ func TestCorruptChunkRepaired(t *testing.T) {
 		if !sameFiles(badPath, goodPath) {
 			t.Fatalf("chunk %s of %s is not the same on both targets before the damage", rel, name)
 		}
-		flipByte(t, badPath, 70000) // second 64 KiB block
+		flipByte(t, badPath, 4096+70000) // second 64 KiB block, after a head of a page
 		t.Logf("flipped a byte of %s (%s)", badPath, name)
 		return badPath, goodPath
 	}
