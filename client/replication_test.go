@@ -254,10 +254,10 @@ func corrupt(t *testing.T, path string) {
 		t.Fatalf("corrupt chunk %s: size %v, err %v", path, st.Size(), err)
 	}
 	// The middle of the chunk's bytes, after the file's head (byte 7 of
-	// its header counts its pages).
+	// its header is where they start, in 64 KiB).
 	var head [8]byte
 	fh.ReadAt(head[:], 0)
-	dataOff := int64(head[7]) * 4096
+	dataOff := int64(head[7]) << 16
 	b := make([]byte, 16)
 	off := dataOff + (st.Size()-dataOff)/2
 	n, _ := fh.ReadAt(b, off)

@@ -204,13 +204,13 @@ func flipFileByte(t *testing.T, targetDir string, id chunk.ID, pos int) {
 }
 
 // dataOffset returns where the data starts in chunk file b: byte 7 of
-// its header counts the pages of its head.
+// its header, in 64 KiB.
 func dataOffset(t *testing.T, b []byte) int {
 	t.Helper()
 	if len(b) < 32 || string(b[:7]) != "weftch2" {
 		t.Fatalf("not a chunk file (%d bytes)", len(b))
 	}
-	return int(b[7]) * 4096
+	return int(b[7]) << 16
 }
 
 // chunkFilePath is the path of a chunk's file on a target.

@@ -77,7 +77,7 @@ func (lf *LockedFile) Truncate(size, chunkSize int64) error {
 func (lf *LockedFile) truncateChunk(id ID, size, chunkSize int64) (removed bool, err error) {
 	t := lf.t
 	defer t.chunkLocks.lock(id, true)()
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return false, err
 	}
@@ -160,7 +160,7 @@ func (t *Target) shorten(f *chunkFile, id ID, newLen int64, chain uint64) error 
 		return fmt.Errorf("truncate: %w", err)
 	}
 	if f.crc != nil {
-		if err := t.rewrite(f, id, headFor(f.size)); err != nil {
+		if err := t.rewrite(f, id); err != nil {
 			return err
 		}
 	}
@@ -233,7 +233,7 @@ func (t *Target) deleteChunks(ino uint64, match func(*chunkFile) bool) error {
 
 func (t *Target) deleteChunk(id ID, match func(*chunkFile) bool) error {
 	defer t.chunkLocks.lock(id, true)()
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil {
 		var ce *CorruptionError
 		if !errors.As(err, &ce) {

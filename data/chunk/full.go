@@ -56,7 +56,7 @@ func (l *Locked) Info() (Info, error) {
 
 // info reads a chunk's header; the caller holds the chunk's lock.
 func (t *Target) info(id ID) (Info, error) {
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return Info{ID: id}, err
 	}
@@ -98,7 +98,7 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 		}
 		return nil
 	}
-	f, err := t.openChunk(id, chunkSize)
+	f, err := t.openChunk(id, true)
 	if err != nil {
 		return err
 	}
@@ -110,8 +110,8 @@ func (l *Locked) WritePieces(pieces []Piece, chunkSize int64, version uint64, sy
 	for _, p := range pieces {
 		end = max(end, p.Off+int64(len(p.Data)))
 	}
-	if f.crc != nil || end > headCapacity(f.hdr.dataOff) {
-		if err := t.rewrite(f, id, headFor(max(chunkSize, end))); err != nil {
+	if f.crc != nil {
+		if err := t.rewrite(f, id); err != nil {
 			return err
 		}
 	}
@@ -158,7 +158,7 @@ func (t *Target) ReadFull(id ID) (Full, error) {
 }
 
 func (t *Target) readFull(id ID) (Full, error) {
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return Full{}, err
 	}
@@ -191,7 +191,7 @@ func (l *Locked) Replace(full Full) error {
 	if info, err := t.stat(id); err == nil && info.Exists {
 		oldSize, existed = info.Length, true
 	} else if inline, err := os.Stat(t.inlinePath(id)); err == nil {
-		oldSize, existed = max(inline.Size()-pageSize, 0), true
+		oldSize, existed = max(inline.Size()-inlineDataOff, 0), true
 	}
 	older, err := os.Stat(path)
 	if err == nil && !existed {
@@ -206,7 +206,7 @@ func (l *Locked) Replace(full Full) error {
 		}
 		return t.syncInoDir(id.Ino)
 	}
-	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data)), dataOff: headFor(int64(len(full.Data)))}
+	h := header{version: full.Version, chain: l.chain, length: int64(len(full.Data)), dataOff: inlineDataOff}
 	var file *os.File
 	newDir, err := t.createInInoDir(id, func() (err error) {
 		file, err = writeInline(t.inlinePath(id), h, blockSums(full.Data), full.Data)
@@ -331,7 +331,7 @@ func (t *Target) Verify(id ID) (int64, error) {
 	defer t.chunkLocks.lock(id, false)()
 	// Reopen, so that the header and length are read from disk again.
 	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return 0, err
 	}

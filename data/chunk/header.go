@@ -14,15 +14,17 @@ import (
 // A chunk file (<index>.w) starts with its head: a header
 //
 //	0  7 bytes  magic "weftch2"
-//	7  byte     pages of the head: the data starts at 4096 times this
+//	7  byte     where the data starts, in units of 64 KiB
 //	8  uint64   version: +1 for every mutation of the chunk
 //	16 uint64   chain id the chunk was last written through
 //	24 uint32   length of the chunk's data in bytes
 //	28 uint32   CRC32C of bytes 0..28
 //
-// then one little-endian CRC32C per block, then zeros up to the data,
-// which starts on a page boundary (one page holds the checksums of
-// chunks up to 63.5 MiB, two those of the largest).
+// then one little-endian CRC32C per block (at most 4 KiB of them). The
+// data starts at inlineDataOff, 2 MiB in: the space between is a hole,
+// which takes no room, and the data's pages stay aligned as in a file of
+// their own, so the kernel reads them in large folios (a data start of 4
+// KiB made it read a cold 1 MiB chunk as two requests instead of one).
 //
 // Chunks written before that format are two files, <index> (the data
 // alone) and <index>.crc, whose header has magic "weftchk1" in bytes 0..8
@@ -37,21 +39,15 @@ var headerMagic = [8]byte{'w', 'e', 'f', 't', 'c', 'h', 'k', '1'}
 // inlineMagic starts the header of a chunk file holding its checksums.
 var inlineMagic = [7]byte{'w', 'e', 'f', 't', 'c', 'h', '2'}
 
-// pageSize is the unit of a chunk file's head.
-const pageSize = 4096
+// inlineDataOff is where a chunk file's data starts (see above).
+const inlineDataOff = 2 << 20
 
-// headFor returns the data offset of a new chunk file that may grow to
-// maxLen bytes: its head holds the header and maxLen's checksums.
-func headFor(maxLen int64) int64 {
-	need := headerSize + crcBytes*((max(maxLen, 1)+BlockSize-1)/BlockSize)
-	return (need + pageSize - 1) / pageSize * pageSize
-}
+// dataOffUnit is the unit of the data offset in a chunk file's header.
+const dataOffUnit = 64 << 10
 
-// headCapacity is the chunk length whose checksums a head ending at
-// dataOff holds.
-func headCapacity(dataOff int64) int64 {
-	return (dataOff - headerSize) / crcBytes * BlockSize
-}
+// headSize bounds a chunk file's head: the header and the checksums of
+// the largest chunk.
+const headSize = headerSize + crcBytes*(MaxChunkSize/BlockSize)
 
 var crc64Table = crc64.MakeTable(crc64.ECMA)
 
@@ -78,7 +74,7 @@ func (h header) encode() [headerSize]byte {
 	var b [headerSize]byte
 	if h.dataOff > 0 {
 		copy(b[:7], inlineMagic[:])
-		b[7] = byte(h.dataOff / pageSize)
+		b[7] = byte(h.dataOff / dataOffUnit)
 	} else {
 		copy(b[:8], headerMagic[:])
 	}
@@ -121,11 +117,11 @@ func decodeHead(b []byte) (header, error) {
 	if len(b) < headerSize || !bytes.Equal(b[:7], inlineMagic[:]) {
 		return header{}, errBadHeader
 	}
-	pages := int64(b[7])
-	if pages < 1 || pages > headFor(MaxChunkSize)/pageSize {
+	dataOff := int64(b[7]) * dataOffUnit
+	if dataOff < headSize {
 		return header{}, errBadHeader
 	}
-	return decodeFields(b, pages*pageSize)
+	return decodeFields(b, dataOff)
 }
 
 // readHeader reads the header of an open checksum file.

@@ -39,10 +39,9 @@ func (t *Target) inlinePath(id ID) string { return t.chunkPath(id) + inlineSuffi
 
 // openChunk returns the chunk's open files with a cache reference taken
 // (release with t.store.files.release), or nil if the chunk does not exist
-// and createSize is 0. With createSize > 0 a missing chunk is created,
-// its head sized for chunks of createSize bytes. The caller holds the
-// chunk's lock (exclusively if createSize > 0).
-func (t *Target) openChunk(id ID, createSize int64) (*chunkFile, error) {
+// and create is false. The caller holds the chunk's lock (exclusively if
+// create is true).
+func (t *Target) openChunk(id ID, create bool) (*chunkFile, error) {
 	key := cacheKey{t, id}
 	if f := t.store.files.get(key); f != nil {
 		return f, nil
@@ -53,10 +52,10 @@ func (t *Target) openChunk(id ID, createSize int64) (*chunkFile, error) {
 	path := t.chunkPath(id)
 	data, err := os.OpenFile(path, os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		if createSize <= 0 {
+		if !create {
 			return nil, nil
 		}
-		return t.createInline(key, createSize)
+		return t.createInline(key)
 	}
 	if err != nil {
 		return nil, t.ioError(fmt.Sprintf("open %v", id), err)
@@ -74,9 +73,8 @@ func (t *Target) openChunk(id ID, createSize int64) (*chunkFile, error) {
 	return t.store.files.add(f), nil
 }
 
-// createInline creates the file of chunk key.id, its head sized for
-// chunks of size bytes, and adds it to the cache.
-func (t *Target) createInline(key cacheKey, size int64) (*chunkFile, error) {
+// createInline creates the file of chunk key.id and adds it to the cache.
+func (t *Target) createInline(key cacheKey) (*chunkFile, error) {
 	id := key.id
 	path := t.inlinePath(id)
 	var data *os.File
@@ -97,7 +95,7 @@ func (t *Target) createInline(key cacheKey, size int64) (*chunkFile, error) {
 	f := &chunkFile{key: key, data: data}
 	// The head is written before any data, so that a file with a head
 	// that does not read back is corruption, not an unfinished create.
-	if err := t.writeHeader(f, id, header{dataOff: headFor(size)}); err != nil {
+	if err := t.writeHeader(f, id, header{dataOff: inlineDataOff}); err != nil {
 		f.close()
 		return nil, err
 	}
@@ -145,13 +143,13 @@ func (t *Target) loadHead(f *chunkFile) error {
 				return t.ioError(fmt.Sprintf("cut unwritten %v", id), err)
 			}
 		}
-		f.hdr = header{dataOff: headFor(MaxChunkSize)}
+		f.hdr = header{dataOff: inlineDataOff}
 		return nil
 	}
 	h, err := decodeHead(b[:n])
 	if err != nil {
 		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: -1, Header: true}
-		f.hdr = header{dataOff: headFor(MaxChunkSize)}
+		f.hdr = header{dataOff: inlineDataOff}
 		f.size = max(info.Size()-f.hdr.dataOff, 0)
 		return nil
 	}
@@ -281,9 +279,8 @@ func (t *Target) writeLocked(f *chunkFile, id ID, off int64, data []byte, versio
 	if err := t.check(f); err != nil {
 		return err
 	}
-	if f.crc != nil || off+int64(len(data)) > headCapacity(f.hdr.dataOff) {
-		return fmt.Errorf("write %v: chunk file of the older form, or its head too small (%d bytes) for %d bytes: %w",
-			id, f.hdr.dataOff, off+int64(len(data)), syscall.EINVAL)
+	if f.crc != nil {
+		return fmt.Errorf("write %v: a chunk of the older form of two files is rewritten before it is written: %w", id, syscall.EINVAL)
 	}
 	oldSize := f.size
 	end := off + int64(len(data))
@@ -377,7 +374,7 @@ func (t *Target) writeHeader(f *chunkFile, id ID, h header) error {
 // chain, the new file goes to a temporary name, is synced and renamed
 // into place, the directory is synced, and only then are the old files
 // removed (a crash in between leaves both; the chunk file is read).
-func (t *Target) rewrite(f *chunkFile, id ID, dataOff int64) error {
+func (t *Target) rewrite(f *chunkFile, id ID) error {
 	nblocks := (f.size + BlockSize - 1) / BlockSize
 	sums := make([]byte, nblocks*crcBytes)
 	if m, err := f.readSums(sums, 0); err != nil && err != io.EOF {
@@ -393,7 +390,7 @@ func (t *Target) rewrite(f *chunkFile, id ID, dataOff int64) error {
 		}
 		return t.ioError(fmt.Sprintf("read %v", id), err)
 	}
-	h := header{version: f.hdr.version, chain: f.hdr.chain, length: f.size, dataOff: dataOff}
+	h := header{version: f.hdr.version, chain: f.hdr.chain, length: f.size, dataOff: inlineDataOff}
 	file, err := writeInline(t.inlinePath(id), h, sums, data)
 	if err != nil {
 		return t.ioError(fmt.Sprintf("rewrite %v as one file", id), err)
@@ -568,7 +565,7 @@ func (t *Target) ReadInto(id ID, off int64, length int, alloc func(n int) []byte
 		return nil, nil, nil
 	}
 	defer t.chunkLocks.lock(id, false)()
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return nil, nil, err
 	}
@@ -637,13 +634,11 @@ func (t *Target) populate(fd int, lo, hi, probe int64) {
 // reader in place reads and checks) and cut at size, into the page cache
 // in large folios if they are cold, without waiting, when they are
 // minReadIn or more or the whole chunk (a small random read is left to
-// the kernel, as in Read). A range from the chunk's start takes the
-// file's head with it, so the disk gets one request for both. A chunk
-// opened for a reader's first read otherwise goes to the disk twice in
-// turn, for its checksums and then, once the client has the descriptor,
-// for the data (one cold 1 MiB file: about 0.3 ms apart). The read works
-// on a descriptor of its own, as the server closes fd once it is handed
-// out.
+// the kernel, as in Read): a chunk opened for a reader's first read
+// otherwise goes to the disk twice in turn, for its checksums and then,
+// once the client has the descriptor, for the data (one cold 1 MiB file:
+// about 0.3 ms apart). The read works on a descriptor of its own, as the
+// server closes fd once it is handed out.
 func (t *Target) readInBackground(fd int, base, lo, hi, size int64) {
 	lo = max(lo, 0) / BlockSize * BlockSize
 	hi = min((hi+BlockSize-1)/BlockSize*BlockSize, size)
@@ -655,15 +650,9 @@ func (t *Target) readInBackground(fd int, base, lo, hi, size int64) {
 	if err != nil {
 		return
 	}
-	from := base + lo
-	if lo == 0 {
-		from = 0
-	}
 	go func() {
 		defer unix.Close(dup)
-		// Cold is told by the range's last page: the head's read may
-		// bring in the first ones meanwhile.
-		t.populate(dup, from, base+hi, base+hi-1)
+		t.populate(dup, base+lo, base+hi, base+lo)
 	}()
 }
 
@@ -697,7 +686,7 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, 
 			return o, nil
 		}
 	}
-	f, err := t.openChunk(id, 0)
+	f, err := t.openChunk(id, false)
 	if err != nil || f == nil {
 		return Opened{}, err
 	}
@@ -758,8 +747,7 @@ var sumsBufPool = sync.Pool{New: func() any { return new([headerSize + crcBytes*
 // but a chunk file whose header is good and whose length is what it says
 // (missing, of the older form, damaged, cut short or with an unfinished
 // tail, or any error): the cached way handles, repairs and reports those.
-// The head and bytes [wantLo, wantHi) are read in meanwhile
-// (readInBackground), so a cold chunk is one request to the disk.
+// Bytes [wantLo, wantHi) are read in meanwhile (readInBackground).
 // Called with the chunk's read lock held.
 func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 	path := t.inlinePath(id)
@@ -777,9 +765,7 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 	if syscall.Fstat(fd, &st) != nil || markHandedOut(fd, st.Mode) != nil {
 		return Opened{}, false
 	}
-	// Most chunk files have a one-page head: read it in with the bytes
-	// the reader wants.
-	t.readInBackground(fd, pageSize, wantLo, wantHi, st.Size-pageSize)
+	t.readInBackground(fd, inlineDataOff, wantLo, wantHi, st.Size-inlineDataOff)
 	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
 	defer sumsBufPool.Put(buf)
 	n, err := syscall.Pread(fd, buf[:], 0)

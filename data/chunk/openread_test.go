@@ -24,7 +24,7 @@ func TestOpenForRead(t *testing.T) {
 	}
 	id := ID{Ino: 9, Index: 1}
 	const chunkSize = 1 << 20
-	dataOff := headFor(chunkSize)
+	dataOff := int64(inlineDataOff)
 	tests := []struct {
 		name        string
 		write       bool

@@ -214,9 +214,7 @@ func (t *Target) scan(root string) error {
 		}
 		size := info.Size()
 		if strings.HasSuffix(d.Name(), inlineSuffix) {
-			// The head is not counted; a two-page head (chunks over
-			// 63.5 MiB) counts a page until the chunk is next written.
-			size = max(size-pageSize, 0)
+			size = max(size-inlineDataOff, 0) // the head is not counted
 		}
 		t.numChunks.Add(1)
 		t.usedBytes.Add(size)

@@ -328,7 +328,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 			if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
 				t.Fatal(err)
 			}
-			pos := int(headFor(MaxChunkSize)) + tc.pos
+			pos := inlineDataOff + tc.pos
 			if tc.file == "crc" {
 				pos = tc.pos
 			}

@@ -185,9 +185,9 @@ func TestDamagedChunkFilesDetected(t *testing.T) {
 		damage func(path string) error
 		check  func(*CorruptionError) bool
 	}{
-		{"data cut on a block boundary", func(p string) error { return os.Truncate(p, headFor(MaxChunkSize)+BlockSize) },
+		{"data cut on a block boundary", func(p string) error { return os.Truncate(p, inlineDataOff+BlockSize) },
 			func(e *CorruptionError) bool { return e.Truncated && e.Length == BlockSize }},
-		{"data cut inside a block", func(p string) error { return os.Truncate(p, headFor(MaxChunkSize)+1000) },
+		{"data cut inside a block", func(p string) error { return os.Truncate(p, inlineDataOff+1000) },
 			func(e *CorruptionError) bool { return e.Truncated }},
 		{"header", func(p string) error {
 			b, _ := os.ReadFile(p)

@@ -341,7 +341,7 @@ func chunkChain(head []byte) (uint64, bool) {
 // blocks (what replicas must agree on; a head may hold stale checksums
 // past the chunk's end), and its data.
 func splitChunkFile(b []byte) (head, data []byte) {
-	off := int(b[7]) * 4096
+	off := int(b[7]) << 16 // byte 7 of the header: where the data starts, in 64 KiB
 	length := int(binary.LittleEndian.Uint32(b[24:28]))
 	nsums := (length + 64<<10 - 1) / (64 << 10)
 	head = b[:min(len(b), 32+4*nsums)]

@@ -94,7 +94,7 @@ func TestCorruptChunkRepaired(t *testing.T) {
 		if !sameFiles(badPath, goodPath) {
 			t.Fatalf("chunk %s of %s is not the same on both targets before the damage", rel, name)
 		}
-		flipByte(t, badPath, 4096+70000) // second 64 KiB block, after a head of a page
+		flipByte(t, badPath, 2<<20+70000) // second 64 KiB block of the data, which starts 2 MiB in
 		t.Logf("flipped a byte of %s (%s)", badPath, name)
 		return badPath, goodPath
 	}
