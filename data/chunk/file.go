@@ -302,8 +302,8 @@ func (t *Target) syncByPath(id ID) error {
 	return nil
 }
 
-// syncChunk fdatasyncs the chunk's data and checksum files (at once,
-// unless the target is in memory). The caller holds the chunk
+// syncChunk fdatasyncs the chunk's file (the data and checksum files of
+// a chunk of the older form at once, unless the target is in memory). The caller holds the chunk
 // exclusively, and then clears its dirty mark.
 func (t *Target) syncChunk(f *chunkFile, id ID) error {
 	if f.crc == nil {

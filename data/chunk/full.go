@@ -300,7 +300,7 @@ func (t *Target) statInline(id ID) (info Info, ok bool, err error) {
 		return Info{ID: id}, true, t.ioError(fmt.Sprintf("open %v", id), err)
 	}
 	defer file.Close()
-	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
+	buf := sumsBufPool.Get().(*[headSize]byte)
 	defer sumsBufPool.Put(buf)
 	n, err := file.ReadAt(buf[:], 0)
 	if err != nil && err != io.EOF {

@@ -62,7 +62,8 @@ type header struct {
 	dataOff int64
 }
 
-// sumsOff is where the block checksums start in the checksum file.
+// sumsOff is where the block checksums start in the chunk file's head or
+// the checksum file.
 func (h header) sumsOff() int64 {
 	if h.legacy {
 		return 0
@@ -85,7 +86,8 @@ func (h header) encode() [headerSize]byte {
 	return b
 }
 
-// errBadHeader marks a checksum file whose header fails its own checksum.
+// errBadHeader marks a header that fails its own checksum (or a chunk
+// file's head that is not one).
 var errBadHeader = errors.New("chunk header checksum mismatch")
 
 // decodeHeader parses the start of a checksum file; dataSize is the length
@@ -124,7 +126,8 @@ func decodeHead(b []byte) (header, error) {
 	return decodeFields(b, dataOff)
 }
 
-// readHeader reads the header of an open checksum file.
+// readHeader reads the header of an open checksum file (a chunk of the
+// older form).
 func readHeader(crc *os.File, dataSize int64) (header, error) {
 	var b [headerSize]byte
 	n, err := crc.ReadAt(b[:], 0)

@@ -734,9 +734,9 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, 
 		Version: f.hdr.version, Sums: sums}, nil
 }
 
-// sumsBufPool holds buffers for a whole checksum file (header and the
-// checksums of the largest chunk).
-var sumsBufPool = sync.Pool{New: func() any { return new([headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte) }}
+// sumsBufPool holds buffers for a whole head (header and the checksums of
+// the largest chunk).
+var sumsBufPool = sync.Pool{New: func() any { return new([headSize]byte) }}
 
 // openForReadDirect is OpenForRead's way for a plain chunk, without the
 // file cache: the chunk file opened read-only (the descriptor the client
@@ -766,7 +766,7 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 		return Opened{}, false
 	}
 	t.readInBackground(fd, inlineDataOff, wantLo, wantHi, st.Size-inlineDataOff)
-	buf := sumsBufPool.Get().(*[headerSize + crcBytes*(MaxChunkSize/BlockSize)]byte)
+	buf := sumsBufPool.Get().(*[headSize]byte)
 	defer sumsBufPool.Put(buf)
 	n, err := syscall.Pread(fd, buf[:], 0)
 	if err != nil || n < headerSize {

@@ -1,20 +1,19 @@
 // Package chunk is a data server's on-disk chunk store.
 //
 // A target is a directory on a local file system. Chunk (ino, index) of a
-// file lives in two files on it:
+// file lives in one file on it:
 //
-//	<target>/chunks/<ino%256 as 2 hex digits>/<ino in hex>/<index>      the bytes
-//	<target>/chunks/<ino%256 as 2 hex digits>/<ino in hex>/<index>.crc  CRC32C per block
+//	<target>/chunks/<ino%256 as 2 hex digits>/<ino in hex>/<index>.w
 //
-// The data file is exactly as long as the chunk (sparse where never written).
-// The checksum file holds one little-endian CRC32C (Castagnoli) per BlockSize
-// block of the data file; the last block's checksum covers only the bytes
-// present. Every read verifies the checksums of the blocks it touches and
-// fails with an error wrapping syscall.EIO (and ErrCorrupt) on a mismatch.
-//
-// The checksum file starts with a header holding the chunk's version (+1
-// per mutation), the chain it was written through and its length (see
-// header.go).
+// Its head is a header holding the chunk's version (+1 per mutation), the
+// chain it was written through and its length, and one little-endian
+// CRC32C (Castagnoli) per BlockSize block of the chunk, the last block's
+// covering only the bytes present; the bytes start 2 MiB in (see
+// header.go; sparse where never written). Every read verifies the
+// checksums of the blocks it touches and fails with an error wrapping
+// syscall.EIO (and ErrCorrupt) on a mismatch. Chunks of the older form of
+// two files (<index> and <index>.crc) are read as they are and rewritten
+// as one file at their first mutation.
 //
 // Concurrency: all methods may be called concurrently. Mutations of one
 // chunk are serialized (Lock hands the chunk out exclusively so a caller
