@@ -443,28 +443,6 @@ func writeInline(path string, h header, sums, data []byte) (*os.File, error) {
 	return f, nil
 }
 
-// writeTemp writes b to path+".tmp", fsyncs it, renames it to path and
-// returns it open for reading and writing.
-func writeTemp(path string, b []byte) (*os.File, error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if _, err = f.Write(b); err == nil {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return nil, err
-	}
-	return f, nil
-}
-
 // mergeBlock returns the checksum of block b after the write: its old bytes
 // (verified), zeros up to be where the chunk grows, and data over them.
 func (t *Target) mergeBlock(f *chunkFile, id ID, b, oldSize, be int64, data []byte, off int64) (uint32, error) {
