@@ -82,11 +82,6 @@ func (t *Target) createInline(key cacheKey) (*chunkFile, error) {
 		data, err = t.createFile(path)
 		return err
 	})
-	if errors.Is(err, fs.ErrExist) {
-		// Made meanwhile by a caller not holding the chunk's lock
-		// exclusively (it must): report rather than guess.
-		return nil, t.ioError(fmt.Sprintf("create %v", id), err)
-	}
 	if err != nil {
 		return nil, t.ioError(fmt.Sprintf("create %v", id), err)
 	}
@@ -366,14 +361,13 @@ func (t *Target) writeHeader(f *chunkFile, id ID, h header) error {
 	return nil
 }
 
-// rewrite makes chunk f (held exclusively) a chunk file holding its
-// checksums, with its data at dataOff: a chunk of the older form of two
-// files, or one whose head is too small for a write to come. Its bytes
-// and checksums are copied as they are (never checked and summed anew,
-// so corruption is not blessed), the header keeps its version and
-// chain, the new file goes to a temporary name, is synced and renamed
-// into place, the directory is synced, and only then are the old files
-// removed (a crash in between leaves both; the chunk file is read).
+// rewrite makes chunk f (held exclusively), of the older form of two
+// files, one chunk file holding its checksums. Its bytes and checksums
+// are copied as they are (never checked and summed anew, so corruption
+// is not blessed), the header keeps its version and chain, the new file
+// goes to a temporary name, is synced and renamed into place, the
+// directory is synced, and only then are the old files removed (a crash
+// in between leaves both; the chunk file is the one read).
 func (t *Target) rewrite(f *chunkFile, id ID) error {
 	nblocks := (f.size + BlockSize - 1) / BlockSize
 	sums := make([]byte, nblocks*crcBytes)
