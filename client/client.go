@@ -31,7 +31,10 @@ const (
 	DefaultReadAheadBytes   = 8 << 20
 	// DefaultOpenAroundChunks is Config.OpenAroundChunks' default: a
 	// 512 MiB file with 1 MiB chunks.
-	DefaultOpenAroundChunks   = 512
+	DefaultOpenAroundChunks = 512
+	// MaxOpenAroundChunks bounds Config.OpenAroundChunks: the chunks an
+	// inode keeps open in place.
+	MaxOpenAroundChunks       = maxLocalChunks
 	DefaultUnavailableTimeout = 30 * time.Second
 	// OnUnavailableWait and OnUnavailableFail are the values of
 	// Config.OnUnavailable.
@@ -200,7 +203,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.OpenAroundChunks == 0 {
 		cfg.OpenAroundChunks = DefaultOpenAroundChunks
 	}
-	cfg.OpenAroundChunks = min(cfg.OpenAroundChunks, maxLocalChunks)
+	cfg.OpenAroundChunks = min(cfg.OpenAroundChunks, MaxOpenAroundChunks)
 	if cfg.UnavailableTimeout <= 0 {
 		cfg.UnavailableTimeout = DefaultUnavailableTimeout
 	}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -37,9 +38,10 @@ func TestClientSettingsSizes(t *testing.T) {
 	}
 }
 
-// --local-reads, --create-delegations, --close-in-flight and
-// --create-send-delay reach the client's configuration: on (2 ms) by
-// default, off when given false; a bad delay is refused.
+// --local-reads, --create-delegations, --close-in-flight,
+// --create-send-delay and --open-around reach the client's configuration:
+// on (2 ms, 512 chunks) by default, off when given false (0); a bad delay
+// or bound is refused.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
 		args          []string
@@ -47,6 +49,7 @@ func TestClientSettingsSwitches(t *testing.T) {
 		noDelegations bool
 		serialCloses  bool
 		sendDelay     time.Duration
+		openAround    int // 0: the default
 		wantErr       bool
 	}{
 		{args: nil, sendDelay: 2 * time.Millisecond},
@@ -57,6 +60,10 @@ func TestClientSettingsSwitches(t *testing.T) {
 		{args: []string{"--create-send-delay", "50ms"}, sendDelay: 50 * time.Millisecond},
 		{args: []string{"--create-send-delay", "0"}, wantErr: true},
 		{args: []string{"--create-send-delay", "2h"}, wantErr: true},
+		{args: []string{"--open-around", "64"}, sendDelay: 2 * time.Millisecond, openAround: 64},
+		{args: []string{"--open-around", "0"}, sendDelay: 2 * time.Millisecond, openAround: -1},
+		{args: []string{"--open-around", "-1"}, wantErr: true},
+		{args: []string{"--open-around", "5000"}, wantErr: true},
 	} {
 		cmd := &cobra.Command{Use: "x"}
 		s := clientSettings{onUnavailable: client.OnUnavailableFail, unavailableTimeout: time.Second, writeBuffer: "64MiB", readAhead: "8MiB"}
@@ -73,6 +80,9 @@ func TestClientSettingsSwitches(t *testing.T) {
 		}
 		var cfg client.Config
 		s.apply(&cfg)
+		if want := cmp.Or(tt.openAround, client.DefaultOpenAroundChunks); cfg.OpenAroundChunks != want {
+			t.Errorf("%v: OpenAroundChunks = %d, want %d", tt.args, cfg.OpenAroundChunks, want)
+		}
 		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations ||
 			cfg.SerialCloses != tt.serialCloses || cfg.CreateSendDelay != tt.sendDelay {
 			t.Errorf("%v: NoLocalReads = %v, NoDelegations = %v, SerialCloses = %v, CreateSendDelay = %v; want %v, %v, %v, %v", tt.args,

@@ -38,6 +38,7 @@ type clientSettings struct {
 	delegations        bool          // --create-delegations
 	closeInFlight      bool          // --close-in-flight
 	createSendDelay    time.Duration // --create-send-delay
+	openAround         int           // --open-around; 0: off
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -59,6 +60,9 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 			"sending the files in batches within milliseconds (before an fsync, or the close of a written file, returns; embedded engine only); false: one meta call per create")
 	fl.DurationVar(&s.createSendDelay, "create-send-delay", 2*time.Millisecond,
 		"with --create-delegations, the longest a file made here waits to be sent when nobody waits for it (longer: more files per call)")
+	fl.IntVar(&s.openAround, "open-around", client.DefaultOpenAroundChunks,
+		fmt.Sprintf("with --local-reads, a reader that opens a chunk of a file of at most this many chunks where read-ahead did not lead it (a random reader) "+
+			"has the file's other chunks opened in place too, so no later read waits to open one (a descriptor each; 0: off; at most %d)", client.MaxOpenAroundChunks))
 	fl.BoolVar(&s.closeInFlight, "close-in-flight", true,
 		"the close of a small file made under a delegation sends its data and its create at once; the meta service "+
 			"keeps a record until the data is confirmed and empties the file if its data never arrived; false: data, then create")
@@ -98,6 +102,9 @@ func (s clientSettings) check() error {
 	if s.createSendDelay <= 0 || s.createSendDelay > time.Minute {
 		return usagef("--create-send-delay must be between 1ns and 1m, got %v", s.createSendDelay)
 	}
+	if s.openAround < 0 || s.openAround > client.MaxOpenAroundChunks {
+		return usagef("--open-around must be between 0 (off) and %d chunks, got %d", client.MaxOpenAroundChunks, s.openAround)
+	}
 	_, _, err := s.sizes()
 	return err
 }
@@ -112,6 +119,10 @@ func (s clientSettings) apply(cfg *client.Config) {
 	cfg.NoDelegations = !s.delegations
 	cfg.CreateSendDelay = s.createSendDelay
 	cfg.SerialCloses = !s.closeInFlight
+	cfg.OpenAroundChunks = s.openAround
+	if s.openAround == 0 {
+		cfg.OpenAroundChunks = -1 // off
+	}
 }
 
 func newMountCmd() *cobra.Command {
