@@ -149,7 +149,15 @@ func (t *Target) loadHead(f *chunkFile) error {
 		return nil
 	}
 	f.hdr = h
-	size := max(info.Size()-h.dataOff, 0)
+	return t.checkLength(f, id, max(info.Size()-h.dataOff, 0))
+}
+
+// checkLength sets the length of chunk f, whose data is found to be size
+// bytes, from its header: longer data (a crash in an extending write that
+// never completed) is cut back; shorter marks the chunk truncated, which
+// every read reports as corruption.
+func (t *Target) checkLength(f *chunkFile, id ID, size int64) error {
+	h := f.hdr
 	switch {
 	case size > h.length:
 		if err := f.truncateData(h.length); err != nil {
@@ -189,10 +197,8 @@ func (t *Target) createInInoDir(id ID, create func() error) (newDir bool, err er
 	}
 }
 
-// loadHeader reads the header of a chunk just opened and checks the data
-// file's length against it: a longer file (a crash in an extending write
-// that never completed) is cut back; a shorter one marks the chunk
-// truncated, which every read reports as corruption.
+// loadHeader reads the header of a chunk of the older form just opened
+// and checks the data file's length against it (checkLength).
 func (t *Target) loadHeader(f *chunkFile, id ID) error {
 	info, err := f.data.Stat()
 	if err != nil {
@@ -209,19 +215,7 @@ func (t *Target) loadHeader(f *chunkFile, id ID) error {
 		return nil
 	}
 	f.hdr = h
-	switch {
-	case size > h.length:
-		if err := f.data.Truncate(h.length); err != nil {
-			return t.ioError(fmt.Sprintf("cut uncommitted tail of %v", id), err)
-		}
-		t.usedBytes.Add(h.length - size)
-		size = h.length
-	case size < h.length:
-		f.bad = &CorruptionError{Target: t.dir, Chunk: id, Block: size / BlockSize, Truncated: true,
-			Length: size, Want: h.length}
-	}
-	f.size = size
-	return nil
+	return t.checkLength(f, id, size)
 }
 
 // check fails with the chunk's corruption found when it was opened, if any
