@@ -207,7 +207,7 @@ func flipFileByte(t *testing.T, targetDir string, id chunk.ID, pos int) {
 // its header, in 64 KiB.
 func dataOffset(t *testing.T, b []byte) int {
 	t.Helper()
-	if len(b) < 32 || string(b[:7]) != "weftch2" {
+	if len(b) < 32 || string(b[:7]) != "weftch3" {
 		t.Fatalf("not a chunk file (%d bytes)", len(b))
 	}
 	return int(b[7]) << 16

@@ -2,7 +2,11 @@ package data
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/wire"
@@ -66,6 +70,9 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 	s.mu.RUnlock()
 	lo := int64(req.GetOffset())
 	o, err := m.target.OpenForRead(id, verify, lo, lo+int64(req.GetLength()))
+	if errors.Is(err, chunk.ErrNotInPlace) {
+		return nil, status.Error(codes.Unimplemented, err.Error()) // the client reads it through the server
+	}
 	if err != nil {
 		s.noteCorrupt(m, id, err)
 		return nil, err

@@ -17,26 +17,26 @@ type CorruptionError struct {
 	Target   string // target directory
 	Chunk    ID
 	Block    int64  // block number inside the chunk (BlockSize bytes each)
-	Stored   uint32 // checksum kept in the .crc file
+	Stored   uint32 // checksum kept in the block table
 	Computed uint32 // checksum of the bytes on disk
-	Missing  bool   // the .crc file holds no checksum for the block
-	// Header: the checksum file's header (version, length) is damaged.
+	Missing  bool   // the block's entries in the block table are damaged
+	// Header: the chunk file's header (version, length) is damaged.
 	Header bool
-	// Truncated: the data file holds Length bytes where Want are expected.
+	// Truncated: the chunk file holds Length bytes where Want are expected.
 	Truncated    bool
 	Length, Want int64
 }
 
 func (e *CorruptionError) Error() string {
 	if e.Header {
-		return fmt.Sprintf("%v on target %s: header of the checksum file is damaged: chunk unverifiable", e.Chunk, e.Target)
+		return fmt.Sprintf("%v on target %s: header of the chunk file is damaged: chunk unverifiable", e.Chunk, e.Target)
 	}
 	if e.Truncated {
-		return fmt.Sprintf("%v on target %s: data file truncated at block %d (%d bytes, %d expected): data lost on disk",
+		return fmt.Sprintf("%v on target %s: chunk file cut short at block %d (%d bytes, %d expected): data lost on disk",
 			e.Chunk, e.Target, e.Block, e.Length, e.Want)
 	}
 	if e.Missing {
-		return fmt.Sprintf("%v on target %s: block %d has no checksum (.crc file too short): data unverifiable",
+		return fmt.Sprintf("%v on target %s: block %d has no valid checksum (block table damaged): data unverifiable",
 			e.Chunk, e.Target, e.Block)
 	}
 	return fmt.Sprintf("%v on target %s: block %d checksum mismatch (stored %08x, computed %08x): data corrupt on disk",

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,7 +19,7 @@ func CompareListOrder(a, b ID) int {
 // List returns up to limit chunks written through chain, in list order
 // (CompareListOrder) after `after` (from the start if nil), with their
 // versions, lengths and digests; more reports that chunks may follow.
-// Chunks written before versions existed belong to no chain and are not
+// Chunks created and never committed belong to no chain and are not
 // listed. Each call reads the headers of the chunks it passes over.
 func (t *Target) List(chain uint64, after *ID, limit int) (infos []Info, more bool, err error) {
 	err = t.walk(after, func(id ID) (bool, error) {
@@ -68,7 +67,7 @@ func (t *Target) walk(after *ID, fn func(ID) (bool, error)) error {
 	}
 	for bucket := startBucket; bucket < 256; bucket++ {
 		dir := filepath.Join(t.dir, "chunks", fmt.Sprintf("%02x", bucket))
-		entries, err := os.ReadDir(dir)
+		entries, err := t.fs.ReadDir(dir)
 		if err != nil {
 			return t.ioError("list chunks", err)
 		}

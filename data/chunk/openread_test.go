@@ -53,11 +53,6 @@ func TestOpenForRead(t *testing.T) {
 			f.Close()
 		}},
 		{name: "bad header", write: true, wantCorrupt: true, damage: func(t *testing.T, tg *Target) { flipByte(t, tg.inlinePath(id), 9) }},
-		{name: "older form", older: true, wantFile: true, wantLen: size, wantVersion: 1},
-		{name: "older form, bad header", older: true, wantCorrupt: true, damage: func(t *testing.T, tg *Target) {
-			flipByte(t, tg.chunkPath(id)+".crc", 9)
-		}},
-		{name: "no header (older files)", older: true, noHeader: true, wantFile: true, wantLen: size, wantVersion: 0},
 	}
 	for _, tt := range tests {
 		for _, cached := range []bool{false, true} {
@@ -77,9 +72,6 @@ func TestOpenForRead(t *testing.T) {
 					if _, err := tg.Write(id, 1, 0, data, chunkSize, false); err != nil {
 						t.Fatal(err)
 					}
-				}
-				if tt.older {
-					writeOlder(t, tg, id, 1, 1, data, !tt.noHeader)
 				}
 				s.Close()
 				if tt.damage != nil {

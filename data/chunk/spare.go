@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weft-fs/weft/internal/disk"
 )
 
 // Spare files.
@@ -61,10 +63,10 @@ func (t *Target) sparePath(n uint64) string {
 // makes it.
 func (t *Target) initSpares() error {
 	dir := t.spareDir()
-	if err := os.RemoveAll(dir); err != nil {
+	if err := t.fs.RemoveAll(dir); err != nil {
 		return t.ioError("empty the spare file directory", err)
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := t.fs.Mkdir(dir, 0o700); err != nil {
 		return t.ioError("create the spare file directory", err)
 	}
 	return nil
@@ -101,27 +103,30 @@ func (t *Target) putBack(n uint64) {
 // createFile creates the chunk file at path, which must not exist, open
 // for reading and writing, empty and of mode dataModeFresh: from a spare
 // when there is one, else anew.
-func (t *Target) createFile(path string) (*os.File, error) {
+func (t *Target) createFile(path string) (disk.File, error) {
 	const mode = dataModeFresh
+	create := func() (disk.File, error) {
+		return t.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
+	}
 	for {
 		n, ok := t.takeSpare()
 		if !ok {
-			return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
+			return create()
 		}
-		err := unix.Renameat2(unix.AT_FDCWD, t.sparePath(n), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+		err := t.fs.RenameNoReplace(t.sparePath(n), path)
 		switch {
 		case err == nil:
-		case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS):
+		case errors.Is(err, disk.ErrUnsupported):
 			// This file system cannot: create files from now on.
 			t.spare.mu.Lock()
 			t.spare.off = true
 			t.spare.mu.Unlock()
-			os.Remove(t.sparePath(n))
+			t.fs.Remove(t.sparePath(n))
 			continue
-		case errors.Is(err, unix.ENOENT):
+		case errors.Is(err, fs.ErrNotExist):
 			// The spare is gone (it should not be), or the directory of
 			// path is (a concurrent delete): the caller tries again.
-			if _, serr := os.Lstat(t.sparePath(n)); serr == nil {
+			if _, serr := t.fs.Lstat(t.sparePath(n)); serr == nil {
 				t.putBack(n)
 			}
 			return nil, &os.PathError{Op: "create", Path: path, Err: fs.ErrNotExist}
@@ -129,9 +134,9 @@ func (t *Target) createFile(path string) (*os.File, error) {
 			// EEXIST (path exists: the create below says so as an
 			// exclusive create would), or anything else: create.
 			t.putBack(n)
-			return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, mode)
+			return create()
 		}
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		f, err := t.fs.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -144,7 +149,7 @@ func (t *Target) createFile(path string) (*os.File, error) {
 }
 
 // readyFile makes a file taken from the spares empty and of mode mode.
-func readyFile(f *os.File, mode os.FileMode) error {
+func readyFile(f disk.File, mode os.FileMode) error {
 	info, err := f.Stat()
 	if err != nil {
 		return err
@@ -165,7 +170,7 @@ func readyFile(f *os.File, mode os.FileMode) error {
 // its blocks are free at once). It fails with fs.ErrNotExist if there is
 // no such file.
 func (t *Target) discard(path string) error {
-	info, err := os.Lstat(path)
+	info, err := t.fs.Lstat(path)
 	if err != nil {
 		return err
 	}
@@ -173,22 +178,27 @@ func (t *Target) discard(path string) error {
 	s.mu.Lock()
 	if s.off || len(s.names) >= maxSpare || info.Mode().Perm() != dataModeFresh {
 		s.mu.Unlock()
-		return os.Remove(path)
+		return t.fs.Remove(path)
 	}
 	n := s.next
 	s.next++
 	s.mu.Unlock()
 	spare := t.sparePath(n)
-	if err := os.Rename(path, spare); err != nil {
+	if err := t.fs.Rename(path, spare); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			if _, serr := os.Lstat(path); serr != nil {
+			if _, serr := t.fs.Lstat(path); serr != nil {
 				return err // path is gone
 			}
 		}
-		return os.Remove(path) // the spare directory is not usable: remove as before
+		return t.fs.Remove(path) // the spare directory is not usable: remove as before
 	}
-	if err := os.Truncate(spare, 0); err != nil {
-		os.Remove(spare)
+	f, err := t.fs.OpenFile(spare, os.O_RDWR, 0)
+	if err == nil {
+		err = f.Truncate(0)
+		f.Close()
+	}
+	if err != nil {
+		t.fs.Remove(spare)
 		return nil
 	}
 	t.putBack(n)

@@ -6,14 +6,14 @@
 //	<target>/chunks/<ino%256 as 2 hex digits>/<ino in hex>/<index>.w
 //
 // Its head is a header holding the chunk's version (+1 per mutation), the
-// chain it was written through and its length, and one little-endian
-// CRC32C (Castagnoli) per BlockSize block of the chunk, the last block's
-// covering only the bytes present; the bytes start 2 MiB in (see
-// header.go; sparse where never written). Every read verifies the
-// checksums of the blocks it touches and fails with an error wrapping
-// syscall.EIO (and ErrCorrupt) on a mismatch. Chunks of the older form of
-// two files (<index> and <index>.crc) are read as they are and rewritten
-// as one file at their first mutation.
+// chain it was written through and its length, and a block table: for
+// every BlockSize block, two entries, each naming a copy of the block in
+// one of two places of the file with its CRC32C and the version that
+// wrote it (see format.go). Every read verifies the checksums of the
+// blocks it touches and fails with an error wrapping syscall.EIO (and
+// ErrCorrupt) on a mismatch. A mutation never writes over a copy still
+// relied on (write.go), so a crash at any point leaves every block with
+// its old or its new content, and never a chunk that does not read.
 //
 // Concurrency: all methods may be called concurrently. Mutations of one
 // chunk are serialized (Lock hands the chunk out exclusively so a caller
@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -40,9 +41,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/weft-fs/weft/internal/pagecache"
+	"github.com/weft-fs/weft/internal/disk"
 )
 
 const (
@@ -50,13 +49,18 @@ const (
 	BlockSize = 64 << 10
 	// MaxChunkSize bounds a chunk (and so any one read or write).
 	MaxChunkSize = 64 << 20
-	// DefaultMaxOpenChunks bounds the open-file cache (two fds per chunk).
+	// DefaultMaxOpenChunks bounds the open-file cache (a descriptor per
+	// chunk).
 	DefaultMaxOpenChunks = 512
-
-	crcBytes = 4
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errInvalid is the errno of a request outside what a chunk can hold.
+var errInvalid = syscall.EINVAL
+
+// osFS is the local file system, the default.
+var osFS disk.FS = disk.OS{}
 
 // ID names a chunk: the index-th chunk_size piece of file ino.
 type ID struct {
@@ -73,6 +77,8 @@ type Options struct {
 	MaxOpenChunks int
 	// Logger receives corruption reports; default slog.Default().
 	Logger *slog.Logger
+	// FS is the file system the targets are on; default the local one.
+	FS disk.FS
 }
 
 // Store is the set of targets of one data server, sharing one cache of open
@@ -95,9 +101,12 @@ func Open(dirs []string, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.FS == nil {
+		opts.FS = osFS
+	}
 	s := &Store{files: newFileCache(opts.MaxOpenChunks), log: opts.Logger}
 	for _, dir := range dirs {
-		t, err := openTarget(s, dir)
+		t, err := openTarget(s, opts.FS, dir)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -111,21 +120,30 @@ func Open(dirs []string, opts Options) (*Store, error) {
 // to Open.
 func (s *Store) Targets() []*Target { return s.targets }
 
-// Close closes every open chunk file and releases the targets' locks. No
-// other method may be running or called afterwards.
+// Close syncs what was written and not synced (so that the next open
+// has nothing to recover), closes every open chunk file and releases
+// the targets' locks. No other method may be running or called
+// afterwards.
 func (s *Store) Close() error {
+	var first error
+	for _, t := range s.targets {
+		if err := t.syncAll(); err != nil && first == nil {
+			first = err
+		}
+	}
 	s.files.drop(func(cacheKey) bool { return true })
 	for _, t := range s.targets {
-		t.lockFile.Close()
+		t.lock.Close()
 	}
-	return nil
+	return first
 }
 
 // Target is one directory holding chunks.
 type Target struct {
-	dir      string
-	store    *Store
-	lockFile *os.File
+	dir   string
+	fs    disk.FS
+	store *Store
+	lock  io.Closer
 
 	// fileLocks are held shared by chunk mutations and exclusively by
 	// operations on a whole file in one chain (truncate, delete);
@@ -133,6 +151,9 @@ type Target struct {
 	// its reads. Lock order: file, then chunk.
 	fileLocks  lockTable[fileKey]
 	chunkLocks lockTable[ID]
+	// recoverMu serializes recoveries (chunkfile.go), which readers
+	// holding a chunk shared may start.
+	recoverMu sync.Mutex
 
 	usedBytes atomic.Int64
 	numChunks atomic.Int64
@@ -141,8 +162,8 @@ type Target struct {
 	// newEntries: inos whose directory has entries not yet fsynced; the
 	// value says the ino directory itself is new (its parent needs fsync).
 	newEntries map[uint64]bool
-	// dirty: chunks written since their last fdatasync.
-	dirty map[uint64]map[uint64]struct{}
+	// unsynced: chunks written since their last fdatasync (sync.go).
+	unsynced map[uint64]map[uint64]*syncState
 
 	spare spares // files of deleted chunks, for new ones (spare.go)
 
@@ -152,31 +173,36 @@ type Target struct {
 	readIns  atomic.Int64 // reads whose range readInCold read in
 }
 
-func openTarget(s *Store, dir string) (*Target, error) {
+func openTarget(s *Store, fsys disk.FS, dir string) (*Target, error) {
 	dir = filepath.Clean(dir)
-	t := &Target{dir: dir, store: s, newEntries: make(map[uint64]bool), dirty: make(map[uint64]map[uint64]struct{}),
-		inMemory: pagecache.DirInMemory(dir)}
+	t := &Target{dir: dir, fs: fsys, store: s, newEntries: make(map[uint64]bool),
+		unsynced: make(map[uint64]map[uint64]*syncState)}
 	root := filepath.Join(dir, "chunks")
-	if err := os.MkdirAll(root, 0o755); err != nil {
+	if err := fsys.MkdirAll(root, 0o700); err != nil {
 		return nil, t.ioError("create chunk directory", err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+	lock, err := fsys.Lock(filepath.Join(dir, "LOCK"))
 	if err != nil {
-		return nil, t.ioError("open lock file", err)
+		return nil, fmt.Errorf("target %s is in use by another weft data process: stop it or pick another directory: %w",
+			dir, err)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	t.lock = lock
+	if space, err := fsys.Statfs(dir); err == nil {
+		t.inMemory = space.InMemory
+	}
+	// What an earlier run of the server left in the page cache goes to
+	// the disk before anything is taken as durable (sync.go).
+	if err := fsys.SyncFS(dir); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("target %s is in use by another weft data process (lock %s held): stop it or pick another directory: %w",
-			dir, lock.Name(), err)
+		return nil, t.ioError("sync the file system of the target", err)
 	}
-	t.lockFile = lock
 	for i := range 256 {
-		if err := os.Mkdir(filepath.Join(root, fmt.Sprintf("%02x", i)), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := fsys.Mkdir(filepath.Join(root, fmt.Sprintf("%02x", i)), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			lock.Close()
 			return nil, t.ioError("create chunk directory", err)
 		}
 	}
-	if err := syncDir(root); err != nil {
+	if err := fsys.SyncDir(root); err != nil {
 		lock.Close()
 		return nil, t.ioError("sync chunk directory", err)
 	}
@@ -191,34 +217,65 @@ func openTarget(s *Store, dir string) (*Target, error) {
 	return t, nil
 }
 
-// scan counts the chunks and bytes already on the target.
+// scan counts the chunks and bytes already on the target and removes
+// what an interrupted Replace left. A chunk file's bytes are counted
+// from its size where it holds slot A alone (its length, but for what
+// a crash left past it), else from its header.
 func (t *Target) scan(root string) error {
-	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	for i := range 256 {
+		bucket := filepath.Join(root, fmt.Sprintf("%02x", i))
+		inos, err := t.fs.ReadDir(bucket)
 		if err != nil {
 			return t.ioError("scan chunks", err)
 		}
-		if d.IsDir() {
-			return nil
+		for _, d := range inos {
+			dir := filepath.Join(bucket, d.Name())
+			entries, err := t.fs.ReadDir(dir)
+			if err != nil {
+				return t.ioError("scan chunks", err)
+			}
+			for _, e := range entries {
+				path := filepath.Join(dir, e.Name())
+				if strings.HasSuffix(e.Name(), ".tmp") { // an interrupted Replace
+					t.fs.Remove(path)
+					continue
+				}
+				if _, ok := chunkOf(0, e.Name()); !ok {
+					continue
+				}
+				info, err := e.Info()
+				if err != nil {
+					return t.ioError("scan chunks", err)
+				}
+				size := max(info.Size()-inlineDataOff, 0)
+				if size > MaxChunkSize {
+					size = t.lengthOf(path)
+				}
+				t.numChunks.Add(1)
+				t.usedBytes.Add(size)
+			}
 		}
-		if strings.HasSuffix(d.Name(), ".tmp") { // an interrupted Replace
-			os.Remove(path)
-			return nil
-		}
-		if _, ok := chunkOf(0, d.Name()); !ok {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return t.ioError("scan chunks", err)
-		}
-		size := info.Size()
-		if strings.HasSuffix(d.Name(), inlineSuffix) {
-			size = max(size-inlineDataOff, 0) // the head is not counted
-		}
-		t.numChunks.Add(1)
-		t.usedBytes.Add(size)
-		return nil
-	})
+	}
+	return nil
+}
+
+// lengthOf reads the length in the header of the chunk file at path (0
+// if it has none).
+func (t *Target) lengthOf(path string) int64 {
+	f, err := t.fs.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var b [headerSize]byte
+	if n, _ := f.ReadAt(b[:], 0); n < headerSize {
+		return 0
+	}
+	h, err := decodeHeader(b[:])
+	if err != nil {
+		return 0
+	}
+	return h.length
 }
 
 // ReadIns counts the cold ranges this target read into the page cache
@@ -242,18 +299,14 @@ type Usage struct {
 
 // Usage reports the target's capacity (statfs) and chunk usage.
 func (t *Target) Usage() (Usage, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(t.dir, &st); err != nil {
+	space, err := t.fs.Statfs(t.dir)
+	if err != nil {
 		return Usage{}, fmt.Errorf("statfs target %s: %w", t.dir, err)
 	}
-	var fi syscall.Stat_t
-	if err := syscall.Stat(t.dir, &fi); err != nil {
-		return Usage{}, fmt.Errorf("stat target %s: %w", t.dir, err)
-	}
 	return Usage{
-		Filesystem: fmt.Sprintf("dev %d:%d", unix.Major(fi.Dev), unix.Minor(fi.Dev)),
-		TotalBytes: st.Blocks * uint64(st.Bsize),
-		FreeBytes:  st.Bavail * uint64(st.Bsize),
+		Filesystem: space.Device,
+		TotalBytes: space.Total,
+		FreeBytes:  space.Free,
 		UsedBytes:  uint64(max(t.usedBytes.Load(), 0)),
 		Chunks:     uint64(max(t.numChunks.Load(), 0)),
 	}, nil
@@ -272,9 +325,8 @@ func (t *Target) inoDir(ino uint64) string {
 func (t *Target) ioError(op string, err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		free := "unknown"
-		var st syscall.Statfs_t
-		if syscall.Statfs(t.dir, &st) == nil {
-			free = formatBytes(st.Bavail * uint64(st.Bsize))
+		if space, serr := t.fs.Statfs(t.dir); serr == nil {
+			free = formatBytes(space.Free)
 		}
 		return fmt.Errorf("%s: target %s is full (%s free): free space or add a target: %w", op, t.dir, free, syscall.ENOSPC)
 	}
@@ -292,16 +344,4 @@ func formatBytes(n uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -2,7 +2,6 @@ package chunk
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -68,19 +67,25 @@ func checkChunk(t *testing.T, tg *Target, id ID, want model) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, herr := decodeHead(file)
-	if herr != nil || h.length != int64(len(want)) {
-		t.Fatalf("%v: header %+v, %v; want length %d", id, h, herr, len(want))
+	f := &chunkFile{key: cacheKey{tg, id}}
+	_, stale := tg.parseHead(f, file)
+	if f.bad != nil || len(f.damaged) > 0 || len(stale) > 0 || f.hdr.length != int64(len(want)) {
+		t.Fatalf("%v: head %+v (bad %v, damaged %v, stale %v); want length %d", id, f.hdr, f.bad, f.damaged, stale, len(want))
 	}
-	if (h.length > 0 && int64(len(file)) != h.dataOff+h.length) || (h.length == 0 && int64(len(file)) > h.dataOff) {
-		t.Fatalf("%v: file of %d bytes, want the head (%d) and %d bytes", id, len(file), h.dataOff, h.length)
-	}
-	nblocks := (len(want) + BlockSize - 1) / BlockSize
-	sums := file[headerSize:]
-	for b := range nblocks {
-		block := want[b*BlockSize : min((b+1)*BlockSize, len(want))]
-		if got, exp := binary.LittleEndian.Uint32(sums[b*crcBytes:]), crc32.Checksum(block, castagnoli); got != exp {
+	for b := range nblocks(int64(len(want))) {
+		block := want[b*BlockSize : min((b+1)*BlockSize, int64(len(want)))]
+		if got, exp := f.contentSum(b), crc32.Checksum(block, castagnoli); got != exp {
 			t.Fatalf("%v: block %d checksum %08x, want %08x", id, b, got, exp)
+		}
+		i := f.cur(b)
+		if i < 0 {
+			continue
+		}
+		// The copy the entry names holds what it says.
+		e := f.ents[b][i]
+		off := slotOff(b, e.slot)
+		if int64(len(file)) < off+e.n || crc32.Checksum(file[off:off+e.n], castagnoli) != e.sum {
+			t.Fatalf("%v: block %d: the copy in slot %d does not match its entry", id, b, e.slot)
 		}
 	}
 }
@@ -317,7 +322,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 		{"middle block read across", "data", BlockSize + 5, BlockSize - 10, 20, 1},
 		{"partial last block", "data", 3*BlockSize + 999, 3 * BlockSize, 1, 3},
 		{"whole read", "data", 2*BlockSize + 7, 0, size, 2},
-		{"checksum file", "crc", headerSize + 2*crcBytes + 1, 2 * BlockSize, 1, 2},
+		{"checksum in the block table", "crc", entriesOff + 2*blockEntries + 9, 2 * BlockSize, 1, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -333,6 +338,7 @@ func TestCorruptionIsDetected(t *testing.T) {
 				pos = tc.pos
 			}
 			flipByte(t, tg.inlinePath(id), pos)
+			tg.store.files.drop(func(cacheKey) bool { return true }) // read the head again
 			_, err := tg.Read(id, int64(tc.readOff), tc.readLen)
 			if !errors.Is(err, syscall.EIO) || !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("read of corrupt block: %v, want EIO", err)
@@ -425,8 +431,8 @@ func TestUsageSurvivesReopen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(tg.dirty) != 0 || len(tg.newEntries) != 0 {
-		t.Fatalf("after sync: dirty %v, unsynced directories %v", tg.dirty, tg.newEntries)
+	if len(tg.unsynced) != 0 || len(tg.newEntries) != 0 {
+		t.Fatalf("after sync: unsynced %v, unsynced directories %v", tg.unsynced, tg.newEntries)
 	}
 	if n := s.files.lru.Len(); n > 2 {
 		t.Fatalf("%d chunks open, want at most 2", n)

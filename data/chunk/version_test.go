@@ -2,11 +2,8 @@ package chunk
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 )
@@ -45,49 +42,6 @@ func TestVersionsCountMutations(t *testing.T) {
 	}
 	if _, err := os.Stat(tg.inoDir(12)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("directory of a file without chunks left behind: %v", err)
-	}
-}
-
-func TestChunkWithoutHeaderIsReadAndMigrated(t *testing.T) {
-	dir := t.TempDir()
-	id := ID{Ino: 0x1a2, Index: 0}
-	data := pattern(4, 2*BlockSize+100)
-	idir := filepath.Join(dir, "chunks", "a2", "1a2")
-	if err := os.MkdirAll(idir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var sums []byte
-	for off := 0; off < len(data); off += BlockSize {
-		sums = binary.LittleEndian.AppendUint32(sums, crc32.Checksum(data[off:min(off+BlockSize, len(data))], castagnoli))
-	}
-	os.WriteFile(filepath.Join(idir, "0"), data, 0o644)
-	os.WriteFile(filepath.Join(idir, "0.crc"), sums, 0o644)
-	s, err := Open([]string{dir}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	tg := s.Targets()[0]
-	checkChunkLegacy := func() {
-		got, err := tg.Read(id, 0, MaxChunkSize)
-		if err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("read: %d bytes, %v", len(got), err)
-		}
-	}
-	checkChunkLegacy()
-	if info, err := tg.Stat(id); err != nil || info.Version != 0 || info.Chain != 0 || info.Length != int64(len(data)) {
-		t.Fatalf("stat of a chunk without header: %+v, %v", info, err)
-	}
-	if infos, _, _ := tg.List(0, nil, 10); len(infos) != 0 {
-		t.Fatalf("chunks of no known chain listed: %+v", infos)
-	}
-	if _, err := tg.Write(id, 9, BlockSize+5, []byte("new"), MaxChunkSize, false); err != nil {
-		t.Fatal(err)
-	}
-	copy(data[BlockSize+5:], "new")
-	checkChunk(t, tg, id, data)
-	if info, _ := tg.Stat(id); info.Version != 1 || info.Chain != 9 {
-		t.Fatalf("after the first write: %+v, want version 1 of chain 9", info)
 	}
 }
 
@@ -210,21 +164,21 @@ func TestDamagedChunkFilesDetected(t *testing.T) {
 			if !errors.As(err, &ce) || !tc.check(ce) || !errors.Is(err, syscall.EIO) {
 				t.Fatalf("verify: %v", err)
 			}
-			if _, err := tg.Read(id, 0, 10); !errors.Is(err, ErrCorrupt) {
+			if _, err := tg.Read(id, 2*BlockSize, 10); !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("read of a damaged chunk: %v, want corruption", err)
 			}
 		})
 	}
 }
 
-func TestUncommittedTailIsCut(t *testing.T) {
+func TestBytesPastTheLengthAreIgnored(t *testing.T) {
 	_, tg := openTestStore(t, Options{})
 	id := ID{Ino: 8, Index: 1}
 	data := pattern(1, BlockSize+10)
 	if _, err := tg.Write(id, 1, 0, data, MaxChunkSize, false); err != nil {
 		t.Fatal(err)
 	}
-	// An extending write that reached the data file but not the header.
+	// An extending write that reached the file but was never committed.
 	f, _ := os.OpenFile(tg.inlinePath(id), os.O_WRONLY|os.O_APPEND, 0)
 	f.Write([]byte("never acknowledged"))
 	f.Close()
