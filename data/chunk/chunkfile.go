@@ -73,18 +73,20 @@ func (f *chunkFile) durable(b int64, floor uint64) int {
 	return best
 }
 
-// contentSum is the CRC32C of block b's content over its extent.
-func (f *chunkFile) contentSum(b int64) uint32 {
+// contentSum is the CRC32C of block b's content over its extent; ok is
+// false for a copy that counts bytes past the extent (see readBlocks),
+// whose content's sum needs its bytes.
+func (f *chunkFile) contentSum(b int64) (sum uint32, ok bool) {
 	ext := extent(b, f.hdr.length)
 	i := f.cur(b)
 	if i < 0 {
-		return zerosSum(0, ext)
+		return zerosSum(0, ext), true
 	}
 	e := f.ents[b][i]
-	if e.n >= ext {
-		return e.sum // a copy never counts more than the extent once committed
+	if e.n > ext {
+		return 0, false
 	}
-	return zerosSum(e.sum, ext-e.n)
+	return zerosSum(e.sum, ext-e.n), true
 }
 
 // damagedError is the error of a read of block b if its entries are
@@ -200,7 +202,7 @@ func (t *Target) createInInoDir(id ID, create func() error) (newDir bool, err er
 
 // readHead reads up to the whole head of a chunk file into a buffer of
 // headSize bytes: the header and the entries of the blocks its length
-// covers. n is how much of it the file holds.
+// covers. n is how much of buf holds it.
 func readHead(file disk.File, buf []byte) (n int, err error) {
 	n, err = file.ReadAt(buf[:min(4096, len(buf))], 0)
 	if err != nil && err != io.EOF {
@@ -214,14 +216,21 @@ func readHead(file disk.File, buf []byte) (n int, err error) {
 		return n, nil
 	}
 	want := entriesOff + nblocks(h.length)*blockEntries
-	if int64(n) >= want || n < 4096 {
+	if int64(n) >= want {
 		return n, nil
 	}
-	m, err := file.ReadAt(buf[n:want], int64(n))
-	if err != nil && err != io.EOF {
-		return n + m, err
+	m := 0
+	if n == 4096 {
+		m, err = file.ReadAt(buf[n:want], int64(n))
+		if err != nil && err != io.EOF {
+			return n + m, err
+		}
 	}
-	return n + m, nil
+	// Entries past the end of the file read as zeros (empty), as a hole
+	// would: a crash kept the head's new content but not the file's new
+	// size, so they were never synced.
+	clear(buf[n+m : want])
+	return int(want), nil
 }
 
 // parseHead fills f's header and entries from its head b: a file holding
@@ -325,7 +334,7 @@ func (t *Target) recover(f *chunkFile, synced uint64, stale []int64) error {
 			if err != nil && err != io.EOF {
 				return t.ioError(fmt.Sprintf("read %v to recover it", id), err)
 			}
-			clear(buf[m:e.n])
+			clear(buf[m:e.n]) // past the end of the file: zeros, as a hole
 			if crc32.Checksum(buf[:e.n], castagnoli) == e.sum {
 				break
 			}

@@ -179,8 +179,20 @@ func (t *Target) shorten(f *chunkFile, newLen int64, chain uint64) error {
 	if err := t.writeHeader(f, header{version: version, chain: chain, length: newLen}); err != nil {
 		return err
 	}
-	if err := t.syncLocked(f); err != nil {
+	// The chunk's file and, if it is new, its directory entry: a
+	// truncation is durable on return.
+	if err := t.syncChunkAndEntries(f, id); err != nil {
 		return err
+	}
+	// The new last block's older entry, counting bytes past the new end,
+	// is no fallback any more: the new one is durable.
+	if b := newLen / BlockSize; newLen%BlockSize != 0 {
+		if i := f.cur(b); i >= 0 && f.ents[b][1-i].n > newLen-b*BlockSize {
+			f.ents[b][1-i] = entry{}
+			if err := t.writeEntries(f, b, b); err != nil {
+				return err
+			}
+		}
 	}
 	// Free what is past the end: the file is cut after the new length if
 	// no block's content is in slot B (so its size tells its length when

@@ -102,12 +102,12 @@ func (l *Locked) Replace(full Full) error {
 	if len(full.Data) > MaxChunkSize {
 		return fmt.Errorf("replace %v on target %s: %d bytes is more than a chunk can hold", id, t.dir, len(full.Data))
 	}
+	// The caller holds the chunk: nothing opens it meanwhile, and its
+	// open file (if cached) is of the file replaced.
 	t.store.files.drop(func(k cacheKey) bool { return k.t == t && k.id == id })
 	oldSize, existed := int64(0), false
-	if info, err := t.stat(id); err == nil && info.Exists {
-		oldSize, existed = info.Length, true
-	} else if _, err := t.fs.Lstat(t.inlinePath(id)); err == nil {
-		existed = true
+	if _, err := t.fs.Lstat(t.inlinePath(id)); err == nil {
+		oldSize, existed = t.lengthOf(t.inlinePath(id)), true
 	}
 	if !full.Exists {
 		if !existed {
@@ -234,7 +234,18 @@ func (t *Target) infoOf(f *chunkFile) (Info, error) {
 	}
 	sums := make([]uint32, nblocks(f.size()))
 	for b := range sums {
-		sums[b] = f.contentSum(int64(b))
+		sum, ok := f.contentSum(int64(b))
+		if !ok {
+			buf := blockPool.Get().(*[BlockSize]byte)
+			ext := extent(int64(b), f.size())
+			err := t.readBlocks(f, buf[:ext], int64(b))
+			sum = crc32.Checksum(buf[:ext], castagnoli)
+			blockPool.Put(buf)
+			if err != nil {
+				return Info{ID: id, Exists: true}, err
+			}
+		}
+		sums[b] = sum
 	}
 	return Info{ID: id, Exists: true, Version: f.hdr.version, Chain: f.hdr.chain, Length: f.size(), Digest: digest(sums)}, nil
 }

@@ -31,8 +31,15 @@ import (
 // restarts; files made before spares existed have 0644 too); a file
 // with 0644 is removed, not kept, when its chunk is deleted.
 //
-// Spares left at a restart may hold data (a crash between the rename and
-// the truncate): they are removed when the target opens.
+// Spares left at a restart may hold data: they are removed when the
+// target opens. A discarded file is first only renamed into the spare
+// directory (pending); in batches (when pendingBatch of them wait, or
+// when no ready one is left), the spare directory is synced, making the
+// renames durable, and only then is each spare emptied and synced. So a
+// power loss never brings a deleted chunk back with part of its bytes
+// gone (read as corrupt), nor a deleted chunk's bytes and head under a
+// new chunk's name, where its block table would describe the new
+// chunk's bytes wrongly.
 
 // maxSpare bounds the spare files a target keeps (each an inode, no
 // data blocks).
@@ -47,10 +54,11 @@ const (
 
 // spares is a target's pool of spare files.
 type spares struct {
-	mu    sync.Mutex
-	names []uint64 // names of the files in the spare directory
-	next  uint64   // name of the next file put in the pool
-	off   bool     // the file system cannot rename without replacing
+	mu      sync.Mutex
+	names   []uint64 // spares emptied durably, ready to use
+	pending []uint64 // spares not yet emptied
+	next    uint64   // name of the next file put in the pool
+	off     bool     // the file system cannot rename without replacing
 }
 
 func (t *Target) spareDir() string { return filepath.Join(t.dir, "spare") }
@@ -76,20 +84,74 @@ func (t *Target) initSpares() error {
 func (t *Target) SpareFiles() int {
 	t.spare.mu.Lock()
 	defer t.spare.mu.Unlock()
-	return len(t.spare.names)
+	return len(t.spare.names) + len(t.spare.pending)
 }
 
-// takeSpare pops a spare; ok is false when there is none.
+// pendingBatch is how many discarded files wait before they are made
+// spares.
+const pendingBatch = 32
+
+// takeSpare pops a spare; ok is false when there is none. When only
+// pending spares are left, they are readied first.
 func (t *Target) takeSpare() (n uint64, ok bool) {
 	s := &t.spare
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.off || len(s.names) == 0 {
+	if s.off || len(s.names)+len(s.pending) == 0 {
+		s.mu.Unlock()
 		return 0, false
 	}
+	if len(s.names) == 0 {
+		s.mu.Unlock()
+		t.readySpares()
+		s.mu.Lock()
+		if len(s.names) == 0 {
+			s.mu.Unlock()
+			return 0, false
+		}
+	}
+	defer s.mu.Unlock()
 	n = s.names[len(s.names)-1]
 	s.names = s.names[:len(s.names)-1]
 	return n, true
+}
+
+// readySpares makes the pending spares ready: the spare directory is
+// synced (their renames out of the chunk tree are durable), then each is
+// emptied and synced. One that fails is removed.
+func (t *Target) readySpares() {
+	s := &t.spare
+	s.mu.Lock()
+	pending := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	if err := t.fs.SyncDir(t.spareDir()); err != nil {
+		for _, n := range pending {
+			t.fs.Remove(t.sparePath(n))
+		}
+		return
+	}
+	ready := pending[:0]
+	for _, n := range pending {
+		f, err := t.fs.OpenFile(t.sparePath(n), os.O_RDWR, 0)
+		if err == nil {
+			err = f.Truncate(0)
+			if err == nil {
+				err = f.Datasync()
+			}
+			f.Close()
+		}
+		if err != nil {
+			t.fs.Remove(t.sparePath(n))
+			continue
+		}
+		ready = append(ready, n)
+	}
+	s.mu.Lock()
+	s.names = append(s.names, ready...)
+	s.mu.Unlock()
 }
 
 // putBack returns a spare takeSpare gave that was not used.
@@ -166,9 +228,9 @@ func readyFile(f disk.File, mode os.FileMode) error {
 }
 
 // discard removes the file at path from the chunk tree, keeping it as a
-// spare when the pool has room and no client was handed it (emptied, so
-// its blocks are free at once). It fails with fs.ErrNotExist if there is
-// no such file.
+// spare when the pool has room and no client was handed it (emptied with
+// the next batch, see readySpares). It fails with fs.ErrNotExist if there
+// is no such file.
 func (t *Target) discard(path string) error {
 	info, err := t.fs.Lstat(path)
 	if err != nil {
@@ -176,7 +238,7 @@ func (t *Target) discard(path string) error {
 	}
 	s := &t.spare
 	s.mu.Lock()
-	if s.off || len(s.names) >= maxSpare || info.Mode().Perm() != dataModeFresh {
+	if s.off || len(s.names)+len(s.pending) >= maxSpare || info.Mode().Perm() != dataModeFresh {
 		s.mu.Unlock()
 		return t.fs.Remove(path)
 	}
@@ -192,16 +254,13 @@ func (t *Target) discard(path string) error {
 		}
 		return t.fs.Remove(path) // the spare directory is not usable: remove as before
 	}
-	f, err := t.fs.OpenFile(spare, os.O_RDWR, 0)
-	if err == nil {
-		err = f.Truncate(0)
-		f.Close()
+	s.mu.Lock()
+	s.pending = append(s.pending, n)
+	batch := len(s.pending) >= pendingBatch
+	s.mu.Unlock()
+	if batch {
+		t.readySpares()
 	}
-	if err != nil {
-		t.fs.Remove(spare)
-		return nil
-	}
-	t.putBack(n)
 	return nil
 }
 

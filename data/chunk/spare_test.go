@@ -35,6 +35,9 @@ func TestSpareFilesReused(t *testing.T) {
 	if n := tg.SpareFiles(); n != 1 {
 		t.Fatalf("%d spare files after deleting a chunk, want 1", n)
 	}
+	// Emptied in batches, once their move out of the chunk tree is
+	// durable.
+	tg.readySpares()
 	entries, err := os.ReadDir(tg.spareDir())
 	if err != nil {
 		t.Fatal(err)

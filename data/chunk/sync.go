@@ -1,10 +1,12 @@
 package chunk
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"sync"
 )
 
@@ -129,6 +131,7 @@ func (t *Target) SyncFile(ino uint64) error {
 		todos = append(todos, todo{ID{Ino: ino, Index: idx}, st, st.written})
 	}
 	t.syncMu.Unlock()
+	slices.SortFunc(todos, func(a, b todo) int { return cmp.Compare(a.id.Index, b.id.Index) })
 	for _, c := range todos {
 		if err := t.syncByPath(c.id, c.v, c.st); err != nil {
 			return err
@@ -145,6 +148,7 @@ func (t *Target) syncAll() error {
 		inos = append(inos, ino)
 	}
 	t.syncMu.Unlock()
+	slices.Sort(inos)
 	for _, ino := range inos {
 		if err := t.SyncFile(ino); err != nil {
 			return err

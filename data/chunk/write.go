@@ -257,11 +257,11 @@ func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece
 	if ci >= 0 {
 		cur = f.ents[b][ci]
 	}
-	// The part of the block the pieces write.
-	wlo, whi := ext, int64(0)
+	// Where the pieces start writing in the block.
+	wlo := ext
 	for _, p := range pieces {
 		if s, e := max(p.Off, bs), min(p.Off+int64(len(p.Data)), bs+BlockSize); s < e {
-			wlo, whi = min(wlo, s-bs), max(whi, e-bs)
+			wlo = min(wlo, s-bs)
 		}
 	}
 	w := blockWrite{b: b, to: ext}
@@ -275,7 +275,8 @@ func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece
 	default:
 		w.ei = 1 - ci
 	}
-	appendOK := ci >= 0 && !f.damaged[b] && wlo >= cur.n && (di < 0 || f.ents[b][di].slot != cur.slot || f.ents[b][di].n <= cur.n)
+	oldExt := extent(b, oldLen)
+	appendOK := ci >= 0 && !f.damaged[b] && wlo >= cur.n && cur.n <= oldExt && (di < 0 || f.ents[b][di].slot != cur.slot || f.ents[b][di].n <= cur.n)
 	if appendOK {
 		w.from, w.slot, w.sum = cur.n, cur.slot, cur.sum
 	} else {
@@ -306,17 +307,21 @@ func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece
 	}
 	content := buf[:ext]
 	clear(content)
-	if !appendOK && (wlo > 0 || whi < ext) {
+	// Not all of it comes from one piece: the pieces may leave gaps, so
+	// the block's old content is the base.
+	if !appendOK {
 		if err := t.damagedError(f, b); err != nil {
 			return blockWrite{}, err
 		}
 	}
-	if !appendOK && ci >= 0 && (wlo > 0 || whi < cur.n) {
+	if !appendOK && ci >= 0 {
 		// Bytes of the old content stay: read them, checked, so that
-		// corruption is never blessed with a fresh checksum.
-		if err := t.readCopy(f, b, cur, content[:cur.n]); err != nil {
+		// corruption is never blessed with a fresh checksum. What the
+		// copy holds past the old end reads as zeros.
+		if err := t.readCopy(f, b, cur, buf[:cur.n]); err != nil {
 			return blockWrite{}, err
 		}
+		clear(buf[min(cur.n, oldExt):ext])
 	}
 	for _, p := range pieces {
 		if s, e := max(p.Off, bs), min(p.Off+int64(len(p.Data)), bs+ext); s < e {

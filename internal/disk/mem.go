@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path"
@@ -519,8 +520,8 @@ func (m *Mem) crashLocked(rng *rand.Rand) *Mem {
 		if n.dir {
 			c := newDir(n.mode.Perm())
 			copied[n] = c
-			for name, child := range view[n] {
-				c.children[name] = clone(child)
+			for _, name := range slices.Sorted(maps.Keys(view[n])) {
+				c.children[name] = clone(view[n][name])
 			}
 			out.durable[c] = mapsClone(c.children)
 			return c
@@ -554,7 +555,7 @@ func (n *memNode) crashCopy(rng *rand.Rand) *memNode {
 	for i, p := range n.synced {
 		c.pages[i] = p
 	}
-	for i := range n.dirty {
+	for _, i := range slices.Sorted(maps.Keys(n.dirty)) { // in order: a seed replays
 		if rng.IntN(2) == 0 {
 			continue
 		}
@@ -576,7 +577,10 @@ func (n *memNode) crashCopy(rng *rand.Rand) *memNode {
 			c.pages[i] = &q
 		}
 	}
-	c.sync()
+	for i, p := range c.pages {
+		c.synced[i] = p
+	}
+	c.syncedSize = c.size
 	return c
 }
 

@@ -165,3 +165,16 @@ func TestMemCrashAfter(t *testing.T) {
 		t.Fatalf("use after the crash: %v", err)
 	}
 }
+
+func TestMemImageIsDurable(t *testing.T) {
+	m := NewMem(0)
+	f := write(t, m, "/f", 0, []byte("synced"))
+	f.Datasync()
+	m.SyncFS("/")
+	img := m.Crash(rand.New(rand.NewPCG(1, 1)))
+	// Whatever a crash left is on the disk: a second crash keeps it.
+	img2 := img.Crash(rand.New(rand.NewPCG(2, 2)))
+	if b, err := read(img2, "/f"); err != nil || string(b) != "synced" {
+		t.Fatalf("after two crashes: %q, %v", b, err)
+	}
+}
