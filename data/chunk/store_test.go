@@ -513,3 +513,27 @@ func BenchmarkRead1MiB(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkWriteNew1MiB writes chunks that do not exist yet (the common
+// case: files written once), deleting them in batches.
+func BenchmarkWriteNew1MiB(b *testing.B) {
+	s, err := Open([]string{b.TempDir()}, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	tg := s.Targets()[0]
+	data := pattern(1, 1<<20)
+	b.SetBytes(int64(len(data)))
+	for i := 0; b.Loop(); i++ {
+		ino := uint64(i/64 + 1)
+		if _, err := tg.Write(ID{ino, uint64(i % 64)}, 1, 0, data, 1<<20, false); err != nil {
+			b.Fatal(err)
+		}
+		if i%64 == 63 {
+			if err := tg.DeleteFile(ino); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
