@@ -331,7 +331,7 @@ type chunkCopy struct {
 
 // chunkChain reads the chain id from the header of a chunk file.
 func chunkChain(head []byte) (uint64, bool) {
-	if len(head) < 32 || string(head[:7]) != "weftch2" {
+	if len(head) < 32 || string(head[:7]) != "weftch3" {
 		return 0, false
 	}
 	return binary.LittleEndian.Uint64(head[16:24]), true

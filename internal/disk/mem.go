@@ -492,21 +492,37 @@ func (m *Mem) Statfs(name string) (Space, error) {
 }
 
 // Crash simulates a power loss now: it returns what the file system could
-// hold after it (see Mem), chosen with rng, and makes every later
-// operation on m fail with ErrCrashed.
+// hold after it (see Mem), chosen with rng (nil: nothing that was not
+// synced survives), and makes every later operation on m fail with
+// ErrCrashed.
 func (m *Mem) Crash(rng *rand.Rand) *Mem {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.crashLocked(rng)
 }
 
+// CrashCopy returns what a crash now could leave (as Crash does) while m
+// goes on working: for a crash under writers that must not see it.
+func (m *Mem) CrashCopy(rng *rand.Rand) *Mem {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.imageLocked(rng)
+}
+
 func (m *Mem) crashLocked(rng *rand.Rand) *Mem {
 	m.crashed = true
+	return m.imageLocked(rng)
+}
+
+func (m *Mem) imageLocked(rng *rand.Rand) *Mem {
 	view := make(map[*memNode]map[string]*memNode, len(m.durable))
 	for d, entries := range m.durable {
 		view[d] = mapsClone(entries)
 	}
-	kept := rng.IntN(len(m.log) + 1)
+	kept := 0
+	if rng != nil {
+		kept = rng.IntN(len(m.log) + 1)
+	}
 	for _, op := range m.log[:kept] {
 		applyOp(view, op)
 	}
@@ -549,14 +565,14 @@ func (n *memNode) crashCopy(rng *rand.Rand) *memNode {
 	c := newFile(n.mode.Perm())
 	c.modTime = n.modTime
 	c.size = n.syncedSize
-	if n.size != n.syncedSize && rng.IntN(2) == 0 {
+	if rng != nil && n.size != n.syncedSize && rng.IntN(2) == 0 {
 		c.size = n.size
 	}
 	for i, p := range n.synced {
 		c.pages[i] = p
 	}
 	for _, i := range slices.Sorted(maps.Keys(n.dirty)) { // in order: a seed replays
-		if rng.IntN(2) == 0 {
+		if rng == nil || rng.IntN(2) == 0 {
 			continue
 		}
 		if p := n.pages[i]; p != nil {

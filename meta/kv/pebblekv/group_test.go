@@ -9,18 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/meta/kv"
 )
 
-func openTest(t *testing.T, fs vfs.FS) *Engine {
+func openTest(t *testing.T, fs disk.FS) *Engine {
 	t.Helper()
 	dir := t.TempDir()
 	if fs != nil {
-		dir = "db"
+		dir = "/db"
 	}
-	e, err := open(dir, fs)
+	e, err := OpenFS(dir, fs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +205,7 @@ func TestGroupCloseFailsQueued(t *testing.T) {
 func TestGroupDurability(t *testing.T) {
 	for seed := int64(1); seed <= 3; seed++ {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			fs := vfs.NewCrashableMem()
+			fs := disk.NewMem(0)
 			e := openTest(t, fs)
 			rng := rand.New(rand.NewPCG(uint64(seed), 1))
 			var mu sync.Mutex
@@ -246,7 +245,7 @@ func TestGroupDurability(t *testing.T) {
 			time.Sleep(time.Duration(20+rng.IntN(80)) * time.Millisecond)
 			mu.Lock()
 			mustHave := append([]string(nil), acked...)
-			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: rng.IntN(60), RNG: rng})
+			crashed := fs.CrashCopy(rng)
 			mu.Unlock()
 			close(stop)
 			wg.Wait()
@@ -255,7 +254,7 @@ func TestGroupDurability(t *testing.T) {
 				t.Fatal("no update finished before the crash")
 			}
 
-			e2, err := open("db", crashed)
+			e2, err := OpenFS("/db", crashed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -296,7 +295,7 @@ func TestLazyUpdates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			fs := vfs.NewCrashableMem()
+			fs := disk.NewMem(0)
 			e := openTest(t, fs)
 			ctx := context.Background()
 			if err := e.Update(ctx, func(tx kv.Txn) error { return tx.Set([]byte("before"), []byte("1")) }); err != nil {
@@ -321,9 +320,9 @@ func TestLazyUpdates(t *testing.T) {
 			if got := e.lazyGroups.Load(); got != tt.wantLazyN {
 				t.Errorf("%d groups committed lazily, want %d", got, tt.wantLazyN)
 			}
-			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+			crashed := fs.CrashCopy(nil) // nothing unsynced survives
 			e.Close()
-			e2, err := open("db", crashed)
+			e2, err := OpenFS("/db", crashed)
 			if err != nil {
 				t.Fatal(err)
 			}
