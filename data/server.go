@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weft-fs/weft/data/chunk"
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -58,6 +59,9 @@ type Config struct {
 	// not, the lean data path is off: its port mapping is unknown.
 	WireAdvertise string
 	Logger        *slog.Logger
+	// FS is the file system the targets are on; default the local one
+	// (tests use one that can crash, see package disk).
+	FS disk.FS
 }
 
 // Server is a data server. Its RPC handlers may be called concurrently.
@@ -175,7 +179,7 @@ func Open(cfg Config) (*Server, error) {
 	if s.serverUUID, err = loadOrCreateID(filepath.Join(cfg.Dir, "server.id")); err != nil {
 		return nil, fmt.Errorf("open data server: %w", err)
 	}
-	if s.store, err = chunk.Open(cfg.Targets, chunk.Options{Logger: cfg.Logger}); err != nil {
+	if s.store, err = chunk.Open(cfg.Targets, chunk.Options{Logger: cfg.Logger, FS: cfg.FS}); err != nil {
 		return nil, fmt.Errorf("open data server: %w", err)
 	}
 	for _, t := range s.store.Targets() {

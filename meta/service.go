@@ -16,8 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
+	"net"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/weft-fs/weft/cluster"
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
@@ -49,6 +50,9 @@ type Config struct {
 	// Engine, if set, is used instead of a pebble engine in Dir. The
 	// service closes it on Close.
 	Engine kv.Engine
+	// FS is the file system the pebble engine is on; default the local
+	// one (tests use one that can crash, see package disk).
+	FS disk.FS
 	// DefaultLayout is the layout of files with no directory default above
 	// them. Zero fields take the defaults: chunk 1 MiB, stripe_count 4
 	// (capped to the chains there are at create time), replicas 1.
@@ -171,12 +175,21 @@ func Open(ctx context.Context, cfg Config) (*Service, error) {
 		if cfg.Dir == "" {
 			return nil, errors.New("open metadata service: no directory given (set the meta dir, e.g. --dir)")
 		}
+		fsys := cfg.FS
+		if fsys == nil {
+			fsys = disk.OS{}
+		}
+		// Dir holds more than the engine (the Unix socket of local
+		// clients), on the local file system.
+		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("create metadata directory: %w", err)
+		}
 		dbDir := filepath.Join(cfg.Dir, "db")
-		if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		if err := fsys.MkdirAll(dbDir, 0o700); err != nil {
 			return nil, fmt.Errorf("create metadata directory: %w", err)
 		}
 		var err error
-		if eng, err = pebblekv.Open(dbDir); err != nil {
+		if eng, err = pebblekv.OpenFS(dbDir, fsys); err != nil {
 			return nil, err
 		}
 	}

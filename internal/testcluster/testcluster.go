@@ -20,6 +20,7 @@ import (
 
 	"github.com/weft-fs/weft/client"
 	"github.com/weft-fs/weft/data"
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/testservers"
 	"github.com/weft-fs/weft/meta"
@@ -59,6 +60,9 @@ type Options struct {
 	// Logger receives every component's log; default: warnings and errors
 	// to t.Log ($WEFT_TEST_LOG=debug|info for more).
 	Logger *slog.Logger
+	// FS is the file system of the servers' state (see testservers); a
+	// *disk.Mem lets PowerLoss simulate a power loss.
+	FS disk.FS
 }
 
 // Cluster is a running test cluster. Its methods may be called from the
@@ -108,6 +112,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		SyncBandwidth:     opts.SyncBandwidth,
 		ScrubRate:         opts.ScrubRate,
 		Logger:            c.log,
+		FS:                opts.FS,
 		NoChainWait:       true,
 		KeepDataAddrs:     true,
 		CheckErrors:       true,
@@ -298,6 +303,28 @@ func (c *Cluster) StartData(i int) {
 		c.t.Fatalf("testcluster: data server %d is running", i)
 	}
 	c.srv.StartData(i)
+}
+
+// PowerLoss simulates a power loss of the machine the cluster runs on:
+// the mount goes away (what its client had not sent is lost), every
+// server stops, and all start again on fs, what the loss left of their
+// file system (disk.Mem.CrashCopy, taken by the caller at the instant of
+// the loss); then the file system is mounted again. It returns once
+// every data server is back online (and, with replicas, every chain
+// healthy).
+func (c *Cluster) PowerLoss(fs disk.FS) {
+	c.t.Helper()
+	mounted := c.mnt != nil
+	c.shutdown()
+	c.mnt = nil
+	c.srv.PowerLoss(fs)
+	c.WaitOnline(c.opts.DataServers)
+	if c.opts.Replicas > 1 && int(c.opts.Replicas) <= c.opts.DataServers {
+		c.WaitHealthy()
+	}
+	if mounted {
+		c.mount()
+	}
 }
 
 // shutdown unmounts and closes the mount's client; the servers stop after

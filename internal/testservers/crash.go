@@ -5,6 +5,7 @@ import (
 	"context"
 	"path/filepath"
 
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/meta/kv"
 	"github.com/weft-fs/weft/meta/kv/pebblekv"
 )
@@ -29,9 +30,9 @@ func (s *Servers) CrashMeta() int {
 		s.t.Fatalf("testservers: stop meta service: %v", err)
 	}
 	s.mu.Lock()
-	dir := s.metaCfg.Dir
+	dir, fs := s.metaCfg.Dir, s.metaCfg.FS
 	s.mu.Unlock()
-	eng, err := pebblekv.Open(filepath.Join(dir, "db"))
+	eng, err := pebblekv.OpenFS(filepath.Join(dir, "db"), fs)
 	if err != nil {
 		s.t.Fatalf("testservers: open the meta service's store: %v", err)
 	}
@@ -64,4 +65,24 @@ func (s *Servers) CrashMeta() int {
 	}
 	s.StartMeta()
 	return dropped
+}
+
+// PowerLoss stops every server and starts them all again on fs: what a
+// power loss of the machine they share left of their file system (see
+// disk.Mem.Crash and CrashCopy, taken by the caller at the instant of
+// the loss). Whatever the servers did after that instant, and held in
+// memory, is gone with the old file system.
+func (s *Servers) PowerLoss(fs disk.FS) {
+	s.t.Helper()
+	s.StopMeta()
+	for i := range s.data {
+		s.StopData(i)
+	}
+	s.mu.Lock()
+	s.opts.FS, s.metaCfg.FS = fs, fs
+	s.mu.Unlock()
+	s.StartMeta()
+	for i := range s.data {
+		s.StartData(i)
+	}
 }

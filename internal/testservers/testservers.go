@@ -21,6 +21,7 @@ import (
 
 	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/data"
+	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/meta"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -61,6 +62,10 @@ type Options struct {
 	// advertises instead (e.g. of a proxy in front of it) and a function,
 	// possibly nil, run first when the server is stopped.
 	Front func(i int, addr string) (advertise string, stop func())
+	// FS is the file system every server keeps its state on (the meta
+	// service's engine, the data servers' targets); default the local
+	// one. With a *disk.Mem, PowerLoss simulates a power loss.
+	FS disk.FS
 	// CheckErrors fails the test (t.Errorf) when a server still running
 	// at the end of the test returns an error other than context.Canceled
 	// from Serve. (StopMeta and StopData return their server's error.)
@@ -120,7 +125,7 @@ func Start(t testing.TB, opts Options) *Servers {
 	}
 	s.metaCfg = meta.Config{
 		Dir: filepath.Join(s.dir, "meta"), DefaultLayout: layout, Logger: opts.Logger,
-		SessionLease: opts.SessionLease, OpenGrace: opts.OpenGrace,
+		SessionLease: opts.SessionLease, OpenGrace: opts.OpenGrace, FS: opts.FS,
 		Cluster: cluster.Config{HeartbeatInterval: opts.HeartbeatInterval, FailureTimeout: opts.FailureTimeout,
 			RepairDelay: opts.RepairDelay, Logger: opts.Logger},
 	}
@@ -277,7 +282,7 @@ func (s *Servers) StartData(i int) {
 		s.t.Fatalf("testservers: listen for data server %d: %v", i, err)
 	}
 	cfg := data.Config{Dir: ds.dir, MetaAddr: s.MetaAddr(), SyncBandwidth: s.opts.SyncBandwidth,
-		ScrubRate: s.opts.ScrubRate, Logger: s.opts.Logger}
+		ScrubRate: s.opts.ScrubRate, Logger: s.opts.Logger, FS: s.opts.FS}
 	var front func()
 	if s.opts.Front != nil {
 		cfg.Advertise, front = s.opts.Front(i, lis.Addr().String())
