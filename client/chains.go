@@ -94,7 +94,34 @@ func (t *chainTable) refreshLocked(ctx context.Context) error {
 	t.mu.Lock()
 	t.version, t.chains, t.lastRefresh = tab.Version, m, time.Now()
 	t.mu.Unlock()
+	t.dropGone(tab)
 	return nil
+}
+
+// dropGone closes the connections to addresses no member of tab has any
+// more (incarnations of data servers that restarted elsewhere, servers
+// removed): nothing may use them, and they are not kept open.
+func (t *chainTable) dropGone(tab *weftv1.ChainTable) {
+	live := make(map[string]bool)
+	for _, ch := range tab.Chains {
+		for _, m := range ch.Members {
+			live[m.Address], live[m.WireAddress] = true, true
+		}
+	}
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	for addr, cc := range t.conns {
+		if !live[addr] {
+			cc.Close()
+			delete(t.conns, addr)
+		}
+	}
+	for addr, w := range t.wires {
+		if !live[addr] {
+			w.Close()
+			delete(t.wires, addr)
+		}
+	}
 }
 
 // refreshSoon refreshes the table unless that happened very recently
