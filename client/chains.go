@@ -149,6 +149,12 @@ func (t *chainTable) get(id uint64) *weftv1.Chain {
 // layout), so the table is refreshed at once; concurrent lookups of the
 // same new chain cost one GetChains.
 func (t *chainTable) lookup(ctx context.Context, id uint64, what string) (*weftv1.Chain, error) {
+	if t.inOutage(id) {
+		// The chain failed lately: its members may be back elsewhere
+		// (new incarnations at other addresses), which only a fresh
+		// table tells; an old address may now be anything.
+		t.refreshSoon(ctx)
+	}
 	if ch := t.get(id); ch != nil {
 		return ch, nil
 	}

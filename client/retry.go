@@ -195,6 +195,16 @@ func (t *chainTable) outageStart(id uint64, now time.Time) time.Time {
 	return now
 }
 
+// inOutage reports whether requests on chain id are failing.
+func (t *chainTable) inOutage(id uint64) bool {
+	if t.outN.Load() == 0 {
+		return false
+	}
+	t.outMu.Lock()
+	defer t.outMu.Unlock()
+	return t.outages[id] != nil
+}
+
 // recovered ends chain id's outage, if it had one, after a request on it
 // succeeded.
 func (t *chainTable) recovered(id uint64) {

@@ -316,9 +316,13 @@ func TestFailureOutageEndsReadsRecover(t *testing.T) {
 		name := fmt.Sprintf("f%d", i)
 		var err error
 		var got []byte
+		failures := 0
 		for time.Since(ok) < opBound {
 			if got, err = os.ReadFile(filepath.Join(reader, name)); err == nil {
 				break
+			}
+			if failures++; failures == 1 {
+				t.Logf("read %s %v after HEALTH_OK: %v", name, time.Since(ok).Round(time.Millisecond), err)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -326,7 +330,7 @@ func TestFailureOutageEndsReadsRecover(t *testing.T) {
 		case err != nil:
 			t.Errorf("read %s: still failing %v after HEALTH_OK: %v", name, time.Since(ok).Round(time.Millisecond), err)
 		case !bytes.Equal(got, pattern(name, size)):
-			t.Errorf("read %s: wrong content", name)
+			t.Errorf("read %s: %d bytes, first difference at %d", name, len(got), firstDiff(got, pattern(name, size)))
 		default:
 			t.Logf("read %s %v after HEALTH_OK", name, time.Since(ok).Round(time.Millisecond))
 		}
