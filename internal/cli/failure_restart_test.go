@@ -336,3 +336,57 @@ func TestFailureOutageEndsReadsRecover(t *testing.T) {
 		}
 	}
 }
+
+// TestFailureStatusWarnsWhileForwardsFail: a data server that heartbeats
+// but cannot be reached at the address it registered (a wrong
+// --advertise; a link between data servers cut) makes writes to its
+// chains fail at the members before it. Status must not say HEALTH_OK
+// meanwhile: it warns about the forward that fails.
+func TestFailureStatusWarnsWhileForwardsFail(t *testing.T) {
+	dead := freePort(t) // nothing listens there
+	c := newFailCluster(t, 2, []string{"--replicas", "2"}, func(i int) []string {
+		if i == 2 {
+			return []string{"--advertise", dead}
+		}
+		return nil
+	})
+	mnt := c.mount("--unavailable-timeout", "3s")
+	// The write fails (EIO after the unavailable timeout) on every chain
+	// that reaches data server 2; status is asked meanwhile.
+	done := make(chan error, 1)
+	go func() { done <- writeNewFile(mnt, "f", 4<<20) }()
+	warned := ""
+	deadline := time.Now().Add(failWait)
+	for warned == "" {
+		if time.Now().After(deadline) {
+			st, _ := c.status()
+			t.Fatalf("no warning about the failing forwards within %v; status: %s %v", failWait, healthLine(st), st.GetWarnings())
+		}
+		select {
+		case err := <-done:
+			t.Logf("the write ended: %v", err)
+			if err == nil {
+				t.Fatal("the write succeeded although data server 2 cannot be reached")
+			}
+			done = nil
+		case <-time.After(100 * time.Millisecond):
+		}
+		st, err := c.status()
+		if err != nil {
+			continue
+		}
+		h := healthLine(st)
+		if strings.HasPrefix(h, healthOK) {
+			if done == nil {
+				t.Fatalf("status says %s while writes to data server 2's chains fail", h)
+			}
+			continue
+		}
+		for _, w := range st.GetWarnings() {
+			if strings.Contains(w, "cannot pass writes on") && strings.Contains(w, dead) {
+				warned = w
+			}
+		}
+	}
+	t.Logf("status warns: %s", warned)
+}
