@@ -56,8 +56,9 @@ func (s *splitter) acceptLoop() {
 	for {
 		nc, err := s.lis.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			// Out of descriptors (EMFILE), a timeout: wait and go on.
+			var te interface{ Temporary() bool }
+			if errors.As(err, &te) && te.Temporary() {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
