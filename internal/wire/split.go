@@ -33,8 +33,8 @@ const classifyTimeout = 10 * time.Second
 // Closing both closes lis; Addr of both is lis's.
 func Split(lis net.Listener, log *slog.Logger) (other, lean net.Listener) {
 	s := &splitter{lis: lis, log: log, done: make(chan struct{})}
-	s.other = &subListener{s: s, conns: make(chan net.Conn)}
-	s.lean = &subListener{s: s, conns: make(chan net.Conn)}
+	s.other = &subListener{s: s, conns: make(chan net.Conn), closedCh: make(chan struct{})}
+	s.lean = &subListener{s: s, conns: make(chan net.Conn), closedCh: make(chan struct{})}
 	s.open = 2
 	go s.acceptLoop()
 	return s.other, s.lean
@@ -146,14 +146,10 @@ type subListener struct {
 	s         *splitter
 	conns     chan net.Conn
 	closeOnce sync.Once
-	closedCh  chan struct{}
-	initOnce  sync.Once
+	closedCh  chan struct{} // closed by Close
 }
 
-func (l *subListener) closed() chan struct{} {
-	l.initOnce.Do(func() { l.closedCh = make(chan struct{}) })
-	return l.closedCh
-}
+func (l *subListener) closed() chan struct{} { return l.closedCh }
 
 // Accept returns the next connection of this side.
 func (l *subListener) Accept() (net.Conn, error) {
