@@ -145,6 +145,7 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 	var wmu sync.Mutex
 	var werrs []error
 	written := 0
+	var longest time.Duration
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := 0; ; i++ {
@@ -153,8 +154,10 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 				return
 			default:
 			}
+			began := time.Now()
 			err := writeNewFile(work, fmt.Sprintf("w%04d", i), size)
 			wmu.Lock()
+			longest = max(longest, time.Since(began))
 			if err != nil {
 				werrs = append(werrs, err)
 			} else {
@@ -198,7 +201,8 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	wmu.Lock()
-	t.Logf("the writer completed %d files during the kill and restart", written)
+	t.Logf("the writer completed %d files of %d MiB during the kill and restart; the longest took %v",
+		written, size>>20, longest.Round(time.Millisecond))
 	for _, err := range werrs {
 		t.Errorf("writer: %v", err)
 	}
