@@ -124,6 +124,8 @@ func (c *Client) onChain(ctx context.Context, id uint64, what string,
 		var addr string
 		if m := head(ch); m == nil {
 			err = errChainNotServing
+		} else if c.chains.freshFor(ctx, ch, m) {
+			continue
 		} else {
 			addr = m.Address
 			err = c.attempt(ctx, id, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {

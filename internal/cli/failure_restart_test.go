@@ -221,11 +221,15 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 func (c *failCluster) restartAll() {
 	c.t.Helper()
 	var olds []string
+	began := time.Now()
 	for _, d := range c.data {
 		olds = append(olds, d.listen)
 		d.proc.kill(c.t, syscall.SIGTERM)
 	}
 	c.meta.kill(c.t, syscall.SIGTERM)
+	c.t.Logf("cluster stopped in %v", time.Since(began).Round(time.Millisecond))
+	began = time.Now()
+	defer func() { c.t.Logf("cluster started again in %v", time.Since(began).Round(time.Millisecond)) }()
 	for _, a := range olds {
 		occupy(c.t, a)
 	}
@@ -236,9 +240,23 @@ func (c *failCluster) restartAll() {
 		d.listen = "127.0.0.1:0"
 		c.startData(d)
 	}
-	if err := waitOnline(c.metaAddr, len(c.data), failWait); err != nil {
-		c.t.Fatal(err)
-	}
+	// Every data server registered at its new address.
+	c.waitFor("every data server registered at its new address", failWait, func() bool {
+		st, err := c.status()
+		if err != nil {
+			return false
+		}
+		at := make(map[string]bool)
+		for _, s := range st.GetServers() {
+			at[s.GetAddress()] = s.GetOnline()
+		}
+		for _, d := range c.data {
+			if !at[d.listen] {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // TestFailureClusterRestartNewPorts: a cluster (replicas 2) stopped
@@ -257,10 +275,12 @@ func TestFailureClusterRestartNewPorts(t *testing.T) {
 	// A mount from before the restart and a new one.
 	fresh := c.mount()
 	for i, dir := range []string{mnt, fresh, mnt} {
+		began := time.Now()
 		if err := writeNewFile(dir, fmt.Sprintf("after-%d", i), size); err != nil {
 			h, _ := healthOf(c.mc)
 			t.Errorf("right after the restart: %v (status: %s)", err, h)
 		}
+		t.Logf("after-%d written, fsynced and closed in %v", i, time.Since(began).Round(time.Millisecond))
 	}
 	for _, name := range []string{"before", "after-0", "after-1"} {
 		if got, err := os.ReadFile(filepath.Join(fresh, name)); err != nil || !bytes.Equal(got, pattern(name, size)) {
