@@ -279,8 +279,9 @@ func TestFailureClusterRestartNewPorts(t *testing.T) {
 		if err := writeNewFile(dir, fmt.Sprintf("after-%d", i), size); err != nil {
 			h, _ := healthOf(c.mc)
 			t.Errorf("right after the restart: %v (status: %s)", err, h)
+		} else {
+			t.Logf("after-%d written, fsynced and closed in %v", i, time.Since(began).Round(time.Millisecond))
 		}
-		t.Logf("after-%d written, fsynced and closed in %v", i, time.Since(began).Round(time.Millisecond))
 	}
 	for _, name := range []string{"before", "after-0", "after-1"} {
 		if got, err := os.ReadFile(filepath.Join(fresh, name)); err != nil || !bytes.Equal(got, pattern(name, size)) {
