@@ -14,7 +14,9 @@ import (
 // cluster manager takes it out. The heartbeat reports them, so that the
 // manager's status says so (it cannot see a link between two data
 // servers it hears from). A success of the member's next forward, or a
-// new version of the chain, clears a failure.
+// new version of the chain, clears a failure; so does a quiet spell of
+// forwardFailureMemory without another failure (nobody writes to the
+// chain: whether writes would fail is not known any more).
 type forwardFailures struct {
 	n  atomic.Int32 // len(m), read without the lock on every forward
 	mu sync.Mutex
@@ -25,11 +27,15 @@ type forwardFailures struct {
 type forwardKey struct{ chain, target uint64 }
 
 type forwardFailure struct {
-	version uint64
-	next    *weftv1.ChainMember
-	err     string
-	since   time.Time
+	version     uint64
+	next        *weftv1.ChainMember
+	err         string
+	since, last time.Time
 }
+
+// forwardFailureMemory is how long a forward failure is reported without
+// another one.
+const forwardFailureMemory = 10 * time.Second
 
 // failed records that member m could not reach next.
 func (f *forwardFailures) failed(m member, next *weftv1.ChainMember, err string) {
@@ -44,7 +50,7 @@ func (f *forwardFailures) failed(m member, next *weftv1.ChainMember, err string)
 		ff = &forwardFailure{version: m.view.version, next: next, since: time.Now()}
 		f.m[k] = ff
 	}
-	ff.err = err
+	ff.err, ff.last = err, time.Now()
 	f.n.Store(int32(len(f.m)))
 }
 
@@ -83,11 +89,16 @@ func (f *forwardFailures) report() []*weftv1.ForwardFailure {
 	defer f.mu.Unlock()
 	out := make([]*weftv1.ForwardFailure, 0, len(f.m))
 	for k, ff := range f.m {
+		if time.Since(ff.last) > forwardFailureMemory {
+			delete(f.m, k)
+			continue
+		}
 		out = append(out, &weftv1.ForwardFailure{
 			ChainId: k.chain, ChainVersion: ff.version, TargetId: k.target,
 			NextTargetId: ff.next.GetTargetId(), NextServerId: ff.next.GetServerId(), NextAddress: ff.next.GetAddress(),
 			Error: ff.err, FailingMs: time.Since(ff.since).Milliseconds(),
 		})
 	}
+	f.n.Store(int32(len(f.m)))
 	return out
 }
