@@ -31,8 +31,32 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
-	st := m.newStage()
 	sid, known := m.serverByUUID[req.Uuid]
+	// Another incarnation of a known server, or the same at other
+	// addresses (a server that does not say its incarnation): the process
+	// restarted, and whatever its old incarnation was doing is gone.
+	restarted := false
+	if s := m.servers[sid]; known {
+		restarted = req.Incarnation != s.rec.Incarnation || req.Address != s.rec.Address || req.WireAddress != s.rec.WireAddress
+		if restarted && s.online {
+			// The old incarnation failed, as if it had missed its
+			// heartbeats: its members leave their chains (new versions,
+			// which fence off every request sent with the old members'
+			// addresses), and the new incarnation comes back below as any
+			// returning server does (syncing what it may have missed, or
+			// serving if it was the last to hold every write). Done
+			// before the new addresses are saved, so that if saving fails
+			// the retried registration is still a restart.
+			s.online = false
+			s.forwards = nil
+			if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
+				s.online = true
+				return nil, fmt.Errorf("register data server %d (%s): take its previous incarnation out of its chains: %w", sid, req.Address, err)
+			}
+		}
+	}
+
+	st := m.newStage()
 	old := serverRecord{UUID: req.Uuid}
 	if known {
 		old = m.servers[sid].rec
@@ -49,10 +73,6 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 		st.tableChanged = !known || rec.Address != old.Address || rec.WireAddress != old.WireAddress ||
 			rec.Incarnation != old.Incarnation
 	}
-	// Another incarnation of a known server, or the same at other
-	// addresses (a server that does not say its incarnation): the process
-	// restarted, and whatever its old incarnation was doing is gone.
-	restarted := known && (rec.Incarnation != old.Incarnation || rec.Address != old.Address || rec.WireAddress != old.WireAddress)
 
 	ids := make([]uint64, len(req.Targets))
 	var newTargets []uint64
@@ -101,20 +121,6 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 			"target", tid, "chains", m.chainsOf[tid])
 	}
 
-	if s := m.servers[sid]; restarted && s.online {
-		// The old incarnation failed, as if it had missed its heartbeats:
-		// its members leave their chains (new versions, which fence off
-		// every request sent with the old members' addresses), and the
-		// new incarnation comes back below as any returning server does
-		// (syncing what it may have missed, or serving if it was the last
-		// to hold every write).
-		s.online = false
-		s.forwards = nil
-		if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
-			s.online = true
-			return nil, fmt.Errorf("register data server %d (%s): take its previous incarnation out of its chains: %w", sid, req.Address, err)
-		}
-	}
 	m.noteAlive(m.servers[sid], req.Targets, m.now())
 	if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
 		return nil, fmt.Errorf("register data server %d (%s): %w", sid, req.Address, err)
