@@ -94,7 +94,34 @@ func (t *chainTable) refreshLocked(ctx context.Context) error {
 	t.mu.Lock()
 	t.version, t.chains, t.lastRefresh = tab.Version, m, time.Now()
 	t.mu.Unlock()
+	t.dropGone(tab)
 	return nil
+}
+
+// dropGone closes the connections to addresses no member of tab has any
+// more (incarnations of data servers that restarted elsewhere, servers
+// removed): nothing may use them, and they are not kept open.
+func (t *chainTable) dropGone(tab *weftv1.ChainTable) {
+	live := make(map[string]bool)
+	for _, ch := range tab.Chains {
+		for _, m := range ch.Members {
+			live[m.Address], live[m.WireAddress] = true, true
+		}
+	}
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	for addr, cc := range t.conns {
+		if !live[addr] {
+			cc.Close()
+			delete(t.conns, addr)
+		}
+	}
+	for addr, w := range t.wires {
+		if !live[addr] {
+			w.Close()
+			delete(t.wires, addr)
+		}
+	}
 }
 
 // refreshSoon refreshes the table unless that happened very recently
@@ -122,6 +149,12 @@ func (t *chainTable) get(id uint64) *weftv1.Chain {
 // layout), so the table is refreshed at once; concurrent lookups of the
 // same new chain cost one GetChains.
 func (t *chainTable) lookup(ctx context.Context, id uint64, what string) (*weftv1.Chain, error) {
+	if t.inOutage(id) {
+		// The chain failed lately: its members may be back elsewhere
+		// (new incarnations at other addresses), which only a fresh
+		// table tells; an old address may now be anything.
+		t.refreshSoon(ctx)
+	}
 	if ch := t.get(id); ch != nil {
 		return ch, nil
 	}

@@ -303,6 +303,9 @@ func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, 
 			clear(bad)
 			continue
 		}
+		if c.chains.freshFor(ctx, ch, m) {
+			continue
+		}
 		addr := m.Address
 		st := c.chains.stat(addr)
 		st.outstanding.Add(1)

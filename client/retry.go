@@ -124,6 +124,8 @@ func (c *Client) onChain(ctx context.Context, id uint64, what string,
 		var addr string
 		if m := head(ch); m == nil {
 			err = errChainNotServing
+		} else if c.chains.freshFor(ctx, ch, m) {
+			continue
 		} else {
 			addr = m.Address
 			err = c.attempt(ctx, id, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {
@@ -182,6 +184,29 @@ func (t *chainTable) outageOfLocked(id uint64, now time.Time, quiet time.Duratio
 	return o
 }
 
+// outageStart is when chain id's outage began, now if it has none.
+func (t *chainTable) outageStart(id uint64, now time.Time) time.Time {
+	if t.outN.Load() == 0 {
+		return now
+	}
+	t.outMu.Lock()
+	defer t.outMu.Unlock()
+	if o := t.outages[id]; o != nil {
+		return o.start
+	}
+	return now
+}
+
+// inOutage reports whether requests on chain id are failing.
+func (t *chainTable) inOutage(id uint64) bool {
+	if t.outN.Load() == 0 {
+		return false
+	}
+	t.outMu.Lock()
+	defer t.outMu.Unlock()
+	return t.outages[id] != nil
+}
+
 // recovered ends chain id's outage, if it had one, after a request on it
 // succeeded.
 func (t *chainTable) recovered(id uint64) {
@@ -216,6 +241,17 @@ func (c *Client) stalled(ctx context.Context, id uint64, ch *weftv1.Chain, what,
 	now := time.Now()
 	wait := c.cfg.OnUnavailable == OnUnavailableWait
 	t := &c.chains
+	if !wait && now.Sub(t.outageStart(id, now)) >= c.cfg.UnavailableTimeout {
+		// About to fail at once: first look at the chain table again
+		// (every failure does): a chain that changed since (its servers
+		// back, perhaps at other addresses) is tried again on its new
+		// members instead.
+		t.refreshSoon(ctx)
+		if nch := t.get(id); nch != nil && nch.Version != ch.Version {
+			return nil
+		}
+		now = time.Now()
+	}
 	t.outMu.Lock()
 	o := t.outageOfLocked(id, now, max(c.cfg.UnavailableTimeout, 5*time.Second))
 	age := now.Sub(o.start)

@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -33,6 +35,35 @@ func (t *chainTable) memberClient(m *weftv1.ChainMember) (weftv1.DataClient, err
 		dc = t.wrap(dc)
 	}
 	return dc, nil
+}
+
+// connected reports whether the client holds a live connection to the
+// data server of member m (over the path memberClient takes).
+func (t *chainTable) connected(m *weftv1.ChainMember) bool {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	if m.WireAddress != "" {
+		w := t.wires[m.WireAddress]
+		return w != nil && w.Connected()
+	}
+	cc := t.conns[m.Address]
+	return cc != nil && cc.GetState() == connectivity.Ready
+}
+
+// freshFor makes sure that a request about to dial member m of chain ch
+// (no live connection to its server: never used, or its connections
+// broke, as when the server stopped) goes by a table fetched after that:
+// the server may be back as a new incarnation elsewhere, and its old
+// address may now be anything. It refreshes the table unless that
+// happened very recently, and reports whether chain ch changed (the
+// caller looks it up again).
+func (t *chainTable) freshFor(ctx context.Context, ch *weftv1.Chain, m *weftv1.ChainMember) bool {
+	if t.connected(m) {
+		return false
+	}
+	t.refreshSoon(ctx)
+	nch := t.get(ch.Id)
+	return nch != nil && nch.Version != ch.Version
 }
 
 // wireClient returns the lean data path client of a wire address.

@@ -99,8 +99,8 @@ func TestChunkIOOverWire(t *testing.T) {
 func TestChunkIOMixedPaths(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 4, Replicas: 2}
 	o := testservers.Options{DataServers: 2, Layout: layout,
-		// An advertise address without a wire advertise address: no
-		// wire address is reported.
+		// A server behind a front has no lean data path (testservers):
+		// no wire address is reported.
 		Front: func(i int, addr string) (string, func()) {
 			if i == 0 {
 				return addr, nil

@@ -109,6 +109,9 @@ type serverState struct {
 	rec           serverRecord
 	online        bool
 	lastHeartbeat time.Time
+	// forwards: the chain members of the server that failed to pass
+	// mutations on to the next member, as its last heartbeat said.
+	forwards []*weftv1.ForwardFailure
 }
 
 // targetState is a registered target: its persisted record and what its
@@ -409,6 +412,7 @@ func (m *Manager) chainTable() *weftv1.ChainTable {
 				if s := m.servers[tg.rec.ServerID]; s != nil {
 					pm.Address = s.rec.Address
 					pm.WireAddress = s.rec.WireAddress
+					pm.Incarnation = s.rec.Incarnation
 				}
 			}
 			pc.Members = append(pc.Members, pm)

@@ -198,39 +198,40 @@ func TestRegistration(t *testing.T) {
 			wantTable: "v2 1@1:1/1/a:1/serving 2@1:2/1/a:1/serving 3@1:3/2/b:1/serving",
 		},
 		{
+			// A restart: its chains get new versions.
 			name: "same server, new address", uuid: "sA", addr: "a:2", targets: []string{"tA1", "tA2"},
 			wantServer: 1, wantTarget: []uint64{1, 2},
-			wantTable: "v3 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving",
+			wantTable: "v5 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving",
 		},
 		{
 			name: "same server unchanged", uuid: "sA", addr: "a:2", targets: []string{"tA2", "tA1"},
 			wantServer: 1, wantTarget: []uint64{2, 1},
-			wantTable: "v3 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving",
+			wantTable: "v5 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving",
 		},
 		{
 			name: "after restart", restart: true, uuid: "sB", addr: "b:1", targets: []string{"tB1"},
 			wantServer: 2, wantTarget: []uint64{3},
-			wantTable: "v3 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving",
+			wantTable: "v5 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving",
 		},
 		{
 			name: "new target on a known server", uuid: "sB", addr: "b:1", targets: []string{"tB1", "tB2"},
 			wantServer: 2, wantTarget: []uint64{3, 4},
-			wantTable: "v4 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving 4@1:4/2/b:1/serving",
+			wantTable: "v6 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving 4@1:4/2/b:1/serving",
 		},
 		{
 			name: "new server after restart", restart: true, uuid: "sC", addr: "c:1", targets: []string{"tC1"},
 			wantServer: 3, wantTarget: []uint64{5},
-			wantTable: "v5 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving 4@1:4/2/b:1/serving 5@1:5/3/c:1/serving",
+			wantTable: "v7 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving 4@1:4/2/b:1/serving 5@1:5/3/c:1/serving",
 		},
 		{
 			name: "target moved to another server", uuid: "sC", addr: "c:1", targets: []string{"tC1", "tB2"},
 			wantServer: 3, wantTarget: []uint64{5, 4},
-			wantTable: "v6 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving 4@2:4/3/c:1/serving 5@1:5/3/c:1/serving",
+			wantTable: "v8 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving 4@2:4/3/c:1/serving 5@1:5/3/c:1/serving",
 		},
 		{
 			name: "after restart, the move is kept", restart: true, uuid: "sC", addr: "c:1", targets: []string{"tC1", "tB2"},
 			wantServer: 3, wantTarget: []uint64{5, 4},
-			wantTable: "v6 1@1:1/1/a:2/serving 2@1:2/1/a:2/serving 3@1:3/2/b:1/serving 4@2:4/3/c:1/serving 5@1:5/3/c:1/serving",
+			wantTable: "v8 1@3:1/1/a:2/serving 2@3:2/1/a:2/serving 3@1:3/2/b:1/serving 4@2:4/3/c:1/serving 5@1:5/3/c:1/serving",
 		},
 	}
 	for _, st := range steps {
@@ -303,8 +304,8 @@ func TestHeartbeat(t *testing.T) {
 		{"target of another server", 1, "a:1", []*weftv1.TargetReport{report("tB1", GiB)}, true, ""},
 		{"known", 1, "a:1", []*weftv1.TargetReport{report("tA1", 400*GiB)}, false,
 			"v2 1@1:1/1/a:1/serving 2@1:2/2/b:1/serving"},
-		{"new address", 2, "b:2", []*weftv1.TargetReport{report("tB1", 300*GiB)}, false,
-			"v3 1@1:1/1/a:1/serving 2@1:2/2/b:2/serving"},
+		// Addresses change only by a registration (the server restarted).
+		{"new address", 2, "b:2", []*weftv1.TargetReport{report("tB1", 300*GiB)}, true, ""},
 	} {
 		resp := e.heartbeat(c.id, c.addr, c.targets...)
 		if resp.UnknownServer != c.wantUnknown {
@@ -315,6 +316,14 @@ func TestHeartbeat(t *testing.T) {
 				t.Errorf("%s: chain table\n got %s\nwant %s", c.name, got, c.wantTable)
 			}
 		}
+	}
+
+	// Registered at the new address, the server's chain gets new versions
+	// (out with the old address, back with the new one).
+	e.register("sB", "b:2", report("tB1", 300*GiB))
+	want := "v5 1@1:1/1/a:1/serving 2@3:2/2/b:2/serving"
+	if got := summary(e.table()); got != want {
+		t.Errorf("registered at a new address: chain table\n got %s\nwant %s", got, want)
 	}
 
 	e.clock.advance(1500 * time.Millisecond)
@@ -341,7 +350,7 @@ func TestHeartbeat(t *testing.T) {
 
 	// The moved address survives a restart.
 	e.restart()
-	if got, want := summary(e.table()), "v3 1@1:1/1/a:1/serving 2@1:2/2/b:2/serving"; got != want {
+	if got := summary(e.table()); got != want {
 		t.Errorf("after restart: %s, want %s", got, want)
 	}
 }

@@ -202,6 +202,8 @@ func (m *Manager) Health() Health {
 		h.Warnings = append(h.Warnings, w)
 	}
 
+	h.Warnings = append(h.Warnings, m.forwardWarnings()...)
+
 	for _, id := range slices.Sorted(maps.Keys(m.targets)) {
 		if r := m.targets[id].report; r != nil && r.scrubErrors > 0 {
 			h.Warnings = append(h.Warnings, fmt.Sprintf(
@@ -270,4 +272,30 @@ func listStrings(items []string) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
+}
+
+// forwardWarnings describes the chains whose mutations a member fails to
+// pass on to the next one (ForwardFailure reports of the online servers'
+// last heartbeats, for the chains' current versions): writes to them fail
+// although every member heartbeats, so the manager alone would call them
+// healthy. Called with m.mu held.
+func (m *Manager) forwardWarnings() []string {
+	var out []string
+	for _, s := range m.sortedServers() {
+		if !s.online {
+			continue
+		}
+		for _, f := range s.forwards {
+			c := m.chains[f.ChainId]
+			if c == nil || c.Version != f.ChainVersion {
+				continue // the chain changed since: the report is stale
+			}
+			out = append(out, fmt.Sprintf(
+				"chain %d: target %d on data server %d cannot pass writes on to target %d on data server %d at %s (failing for %v: %s): writes to the chain fail until that server is reachable from data server %d or leaves the chain",
+				f.ChainId, f.TargetId, s.rec.ID, f.NextTargetId, f.NextServerId, f.NextAddress,
+				(time.Duration(f.FailingMs)*time.Millisecond).Round(time.Second), f.Error, s.rec.ID))
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -56,6 +56,9 @@ type serverRecord struct {
 
 	// WireAddress is the server's lean data path address ("" if none).
 	WireAddress string `json:"wire_address,omitempty"`
+	// Incarnation is the server process the addresses belong to (see
+	// RegisterServer): a registration of another one is a restart.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // targetRecord is the persisted identity of a target (a disk directory).

@@ -31,8 +31,32 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
-	st := m.newStage()
 	sid, known := m.serverByUUID[req.Uuid]
+	// Another incarnation of a known server, or the same at other
+	// addresses (a server that does not say its incarnation): the process
+	// restarted, and whatever its old incarnation was doing is gone.
+	restarted := false
+	if s := m.servers[sid]; known {
+		restarted = req.Incarnation != s.rec.Incarnation || req.Address != s.rec.Address || req.WireAddress != s.rec.WireAddress
+		if restarted && s.online {
+			// The old incarnation failed, as if it had missed its
+			// heartbeats: its members leave their chains (new versions,
+			// which fence off every request sent with the old members'
+			// addresses), and the new incarnation comes back below as any
+			// returning server does (syncing what it may have missed, or
+			// serving if it was the last to hold every write). Done
+			// before the new addresses are saved, so that if saving fails
+			// the retried registration is still a restart.
+			s.online = false
+			s.forwards = nil
+			if err := m.reconcile(ctx, m.chainsOfServer(sid)); err != nil {
+				s.online = true
+				return nil, fmt.Errorf("register data server %d (%s): take its previous incarnation out of its chains: %w", sid, req.Address, err)
+			}
+		}
+	}
+
+	st := m.newStage()
 	old := serverRecord{UUID: req.Uuid}
 	if known {
 		old = m.servers[sid].rec
@@ -43,10 +67,11 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	}
 	rec := old
 	rec.Address, rec.Hostname, rec.Site, rec.Rack = req.Address, req.Hostname, req.Site, req.Rack
-	rec.WireAddress = req.WireAddress
+	rec.WireAddress, rec.Incarnation = req.WireAddress, req.Incarnation
 	if !known || rec != old {
 		st.servers = append(st.servers, rec)
-		st.tableChanged = !known || rec.Address != old.Address || rec.WireAddress != old.WireAddress
+		st.tableChanged = !known || rec.Address != old.Address || rec.WireAddress != old.WireAddress ||
+			rec.Incarnation != old.Incarnation
 	}
 
 	ids := make([]uint64, len(req.Targets))
@@ -80,7 +105,10 @@ func (m *Manager) RegisterServer(ctx context.Context, req *weftv1.RegisterServer
 	if err := m.commit(ctx, st); err != nil {
 		return nil, fmt.Errorf("register data server %s (%s): %w", req.Address, req.Uuid, err)
 	}
-	if known {
+	if restarted {
+		m.log.Info(fmt.Sprintf("data server %d restarted: incarnation %s at %s (was %s at %s)", sid,
+			rec.Incarnation, rec.Address, old.Incarnation, old.Address), "server", sid, "host", req.Hostname, "targets", ids)
+	} else if known {
 		m.log.Info(fmt.Sprintf("data server %d (%s) registered again", sid, req.Address),
 			"server", sid, "host", req.Hostname, "targets", ids)
 	} else {
@@ -172,18 +200,17 @@ func (m *Manager) Heartbeat(ctx context.Context, req *weftv1.HeartbeatRequest) (
 			return &weftv1.HeartbeatResponse{UnknownServer: true}, nil
 		}
 	}
-	if req.Address != "" && (req.Address != s.rec.Address || req.WireAddress != s.rec.WireAddress) {
-		m.log.Info(fmt.Sprintf("data server %d moved from %s to %s", s.rec.ID, s.rec.Address, req.Address), "server", s.rec.ID,
-			"wire_address", req.WireAddress)
-		st := m.newStage()
-		rec := s.rec
-		rec.Address, rec.WireAddress = req.Address, req.WireAddress
-		st.servers = append(st.servers, rec)
-		st.tableChanged = true
-		if err := m.commit(ctx, st); err != nil {
-			return nil, fmt.Errorf("heartbeat of data server %d: %w", s.rec.ID, err)
-		}
+	if (req.Incarnation != "" || req.Address != "") &&
+		(req.Incarnation != s.rec.Incarnation || req.Address != s.rec.Address || req.WireAddress != s.rec.WireAddress) {
+		// Addresses belong to an incarnation, and only a registration
+		// changes them (with new chain versions): a heartbeat that does
+		// not match the record (a process the manager has not heard
+		// register, or one that moved) registers first.
+		m.log.Info(fmt.Sprintf("data server %d heartbeats as incarnation %s at %s, registered as %s at %s: asking it to register again",
+			s.rec.ID, req.Incarnation, req.Address, s.rec.Incarnation, s.rec.Address), "server", s.rec.ID)
+		return &weftv1.HeartbeatResponse{UnknownServer: true}, nil
 	}
+	s.forwards = req.ForwardFailures
 	m.noteAlive(s, req.Targets, m.now())
 	if err := m.reconcile(ctx, m.chainsOfServer(s.rec.ID)); err != nil {
 		return nil, fmt.Errorf("heartbeat of data server %d: %w", s.rec.ID, err)

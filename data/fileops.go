@@ -125,5 +125,6 @@ func (s *Server) forwardFileOp(ctx context.Context, m member, what string,
 	if err != nil {
 		return s.forwardError(m, next, what, err)
 	}
+	s.forwards.ok(m)
 	return nil
 }

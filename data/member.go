@@ -252,8 +252,10 @@ func (s *Server) forwardError(m member, next *weftv1.ChainMember, what string, e
 		s.askRefresh()
 		return status.Errorf(codes.FailedPrecondition, "stale chain version: %s, refused: %s", where, status.Convert(err).Message())
 	}
+	msg := status.Convert(err).Message()
+	s.forwards.failed(m, next, msg)
 	return status.Errorf(codes.Unavailable, "%s, is unavailable (%s): retry after the cluster manager has taken it out of the chain",
-		where, status.Convert(err).Message())
+		where, msg)
 }
 
 // peerPool keeps one client connection per peer address.
@@ -290,5 +292,17 @@ func (p *peerPool) close() {
 	for addr, cc := range p.conns {
 		cc.Close()
 		delete(p.conns, addr)
+	}
+}
+
+// dropGone closes the connections to addresses not in live.
+func (p *peerPool) dropGone(live map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, cc := range p.conns {
+		if !live[addr] {
+			cc.Close()
+			delete(p.conns, addr)
+		}
 	}
 }

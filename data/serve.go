@@ -34,11 +34,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	gs := rpc.NewServer()
 	weftv1.RegisterDataServer(gs, dataService{s})
 	addr := s.advertiseAddr(lis)
-	wl, wireAddr, err := s.listenWire(lis)
-	if err != nil {
-		s.Close()
-		return err
-	}
+	gl, wl, wireAddr := s.listenWire(lis, addr)
+	var err error
 	s.mu.Lock()
 	s.wireAddr = wireAddr
 	s.mu.Unlock()
@@ -53,10 +50,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	loop.Go(func() { s.syncLoop(loopCtx) })
 	loop.Go(func() { s.scrubLoop(loopCtx) })
 	served := make(chan error, 2)
-	go func() { served <- gs.Serve(lis) }()
-	wireListen := ""
+	go func() { served <- gs.Serve(gl) }()
 	if wl != nil {
-		wireListen = wl.Addr().String()
 		go func() {
 			if err := ws.Serve(wl); err != nil {
 				served <- err
@@ -64,7 +59,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		}()
 	}
 	s.log.Info("data server started", "listen", lis.Addr().String(), "advertise", addr,
-		"wire_listen", wireListen, "wire_advertise", wireAddr, "targets", s.cfg.Targets, "meta", s.cfg.MetaAddr)
+		"wire_address", wireAddr, "incarnation", s.incarnation, "targets", s.cfg.Targets, "meta", s.cfg.MetaAddr)
 
 	select {
 	case <-ctx.Done():
@@ -214,6 +209,7 @@ func (s *Server) register(ctx context.Context, meta weftv1.MetaClient, addr stri
 		Uuid:        s.serverUUID,
 		Address:     addr,
 		WireAddress: s.WireAddr(),
+		Incarnation: s.incarnation,
 		Hostname:    host,
 		Targets:     s.targetReports(),
 		Site:        s.cfg.Site,
@@ -242,7 +238,7 @@ func (s *Server) register(ctx context.Context, meta weftv1.MetaClient, addr stri
 	// itself, so one lost answer does not cut it off.
 	interval = min(interval, ft/4)
 	s.log.Info("registered with meta service", "meta", s.cfg.MetaAddr, "server_id", resp.GetServerId(),
-		"target_ids", resp.GetTargetIds(), "address", addr, "heartbeat", interval, "fence_after", s.failureTimeout/2)
+		"target_ids", resp.GetTargetIds(), "address", addr, "incarnation", s.incarnation, "heartbeat", interval, "fence_after", s.failureTimeout/2)
 	s.mu.Lock()
 	s.serverID = resp.GetServerId()
 	s.mu.Unlock()
@@ -258,7 +254,8 @@ func (s *Server) heartbeat(ctx context.Context, meta weftv1.MetaClient, addr str
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, metaCallTimeout)
 	defer cancel()
-	resp, err := meta.Heartbeat(ctx, &weftv1.HeartbeatRequest{ServerId: id, Address: addr, WireAddress: s.WireAddr(), Targets: s.targetReports()})
+	resp, err := meta.Heartbeat(ctx, &weftv1.HeartbeatRequest{ServerId: id, Address: addr, WireAddress: s.WireAddr(),
+		Incarnation: s.incarnation, Targets: s.targetReports(), ForwardFailures: s.forwards.report()})
 	if err != nil {
 		return false, err
 	}

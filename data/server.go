@@ -14,16 +14,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -48,17 +51,13 @@ type Config struct {
 	// verifies; 0 means DefaultScrubRate, a negative value turns the
 	// background scrub off (Server.Scrub still runs a pass on demand).
 	ScrubRate int64
-	// WireListen is where the lean data path (package internal/wire:
-	// chunk reads, writes and syncs without gRPC) listens: "" means the
-	// gRPC listener's host on any free port, "off" turns it off (clients
-	// and peers then use gRPC).
+	// WireListen turns the lean data path (package internal/wire: chunk
+	// reads, writes and syncs without gRPC) off with WireOff; "" (the
+	// default) serves it on the gRPC listener's port, told apart from
+	// gRPC by its first bytes, and on a Unix socket in Dir. No other
+	// value is accepted: a server has one address.
 	WireListen string
-	// WireAdvertise is the lean data path address reported to the meta
-	// service; default: the wire listener's address. When Advertise is
-	// set (a proxy or NAT in front of the server) and WireAdvertise is
-	// not, the lean data path is off: its port mapping is unknown.
-	WireAdvertise string
-	Logger        *slog.Logger
+	Logger     *slog.Logger
 	// FS is the file system the targets are on; default the local one
 	// (tests use one that can crash, see package disk).
 	FS disk.FS
@@ -79,8 +78,13 @@ type Server struct {
 	wireAddr    string        // advertised lean data path address; "" if off
 	stats       []targetStats // by position in store.Targets()
 
-	wireIDOnce sync.Once
-	wireID     string // identity on the lean data path's Unix socket
+	// incarnation is this process: the server's uuid and a random part
+	// new at every start (wire.NewIdentity). It is registered with the
+	// meta service, and the lean data path's Unix socket answers with it.
+	incarnation string
+	// forwards: chains whose mutations this server fails to pass on to
+	// the next member, reported in heartbeats (forwardfail.go).
+	forwards forwardFailures
 
 	mu         sync.RWMutex
 	serverID   uint64   // meta's id of this server, from registration
@@ -153,6 +157,9 @@ func Open(cfg Config) (*Server, error) {
 	if cfg.ScrubRate == 0 {
 		cfg.ScrubRate = DefaultScrubRate
 	}
+	if cfg.WireListen != "" && cfg.WireListen != WireOff {
+		return nil, fmt.Errorf("open data server: lean data path %q: it shares the server's port (--listen); only %q (off) may be given", cfg.WireListen, WireOff)
+	}
 	targets := make([]string, len(cfg.Targets))
 	for i, t := range cfg.Targets {
 		abs, err := filepath.Abs(t)
@@ -179,6 +186,7 @@ func Open(cfg Config) (*Server, error) {
 	if s.serverUUID, err = loadOrCreateID(filepath.Join(cfg.Dir, "server.id")); err != nil {
 		return nil, fmt.Errorf("open data server: %w", err)
 	}
+	s.incarnation = wire.NewIdentity(s.serverUUID)
 	if s.store, err = chunk.Open(cfg.Targets, chunk.Options{Logger: cfg.Logger, FS: cfg.FS}); err != nil {
 		return nil, fmt.Errorf("open data server: %w", err)
 	}
@@ -232,6 +240,9 @@ func (s *Server) SetChains(table *weftv1.ChainTable) {
 	s.table = table
 	s.haveChains = true
 	s.rebuildChainsLocked()
+	live := liveAddresses(table)
+	s.peers.dropGone(live)
+	s.wirePeers.dropGone(live)
 }
 
 func (s *Server) rebuildChainsLocked() {
@@ -255,7 +266,7 @@ func (s *Server) rebuildChainsLocked() {
 		if len(v.local) == 0 {
 			continue
 		}
-		if o := old[v.id]; o != nil && o.version == v.version && sameTargets(o.local, v.local) {
+		if o := old[v.id]; o != nil && o.version == v.version && sameTargets(o.local, v.local) && sameMembers(o.members, v.members) {
 			s.chains[v.id] = o
 			continue
 		}
@@ -268,6 +279,7 @@ func (s *Server) rebuildChainsLocked() {
 		}
 	}
 	s.dropStaleSyncs()
+	s.forwards.dropStale(s.chains)
 	select {
 	case s.syncWake <- struct{}{}:
 	default:
@@ -284,6 +296,15 @@ func sameTargets(a, b map[uint64]*chunk.Target) bool {
 		}
 	}
 	return true
+}
+
+// sameMembers reports whether two lists of chain members are the same
+// members (target, server, incarnation, addresses, state) in the same
+// order. The manager gives a chain a new version whenever they change; a
+// view is kept only while they hold, so that no forward ever goes to an
+// address the table no longer names.
+func sameMembers(a, b []*weftv1.ChainMember) bool {
+	return slices.EqualFunc(a, b, func(x, y *weftv1.ChainMember) bool { return proto.Equal(x, y) })
 }
 
 func (s *Server) askRefresh() {

@@ -12,28 +12,18 @@ import (
 // WireOff as Config.WireListen turns the lean data path off.
 const WireOff = "off"
 
-// listenWire opens the lean data path listener next to the gRPC listener
-// lis (Config.WireListen) and returns it with the address to report to
-// the meta service. A nil listener means the lean data path is off.
-func (s *Server) listenWire(lis net.Listener) (net.Listener, string, error) {
+// listenWire shares lis between gRPC and the lean data path (see
+// wire.Split) and adds the lean data path's Unix socket. It returns the
+// listener gRPC serves, the lean data path's (nil when it is off) and the
+// lean data path address to report: the server's address addr, with the
+// Unix socket and the server's incarnation.
+func (s *Server) listenWire(lis net.Listener, addr string) (grpcL, wireL net.Listener, wireAddr string) {
 	if s.cfg.WireListen == WireOff {
-		return nil, "", nil
+		return lis, nil, ""
 	}
-	if s.cfg.Advertise != "" && s.cfg.WireAdvertise == "" {
-		s.log.Info("lean data path off: an advertise address is set without a wire advertise address (clients and peers use gRPC)",
-			"advertise", s.cfg.Advertise)
-		return nil, "", nil
-	}
-	wl, err := wire.ListenTCP(lis.Addr(), s.cfg.WireListen, "lean data path")
-	if err != nil {
-		return nil, "", err
-	}
-	if s.cfg.WireAdvertise != "" {
-		wl, a := s.withUnix(wl, s.cfg.WireAdvertise)
-		return wl, a, nil
-	}
-	wl, a := s.withUnix(wl, s.advertiseAddr(wl))
-	return wl, a, nil
+	grpcL, wireL = wire.Split(lis, s.log)
+	wireL, wireAddr = s.withUnix(wireL, addr)
+	return grpcL, wireL, wireAddr
 }
 
 // WireAddr is the lean data path address the server reports to the meta
@@ -90,5 +80,29 @@ func (p *wirePool) close() {
 	for addr, c := range p.clients {
 		c.Close()
 		delete(p.clients, addr)
+	}
+}
+
+// liveAddresses returns every member address of table (gRPC and lean).
+func liveAddresses(table *weftv1.ChainTable) map[string]bool {
+	live := make(map[string]bool)
+	for _, c := range table.GetChains() {
+		for _, m := range c.GetMembers() {
+			live[m.GetAddress()], live[m.GetWireAddress()] = true, true
+		}
+	}
+	return live
+}
+
+// dropGone closes the lean data path clients of addresses not in live
+// (incarnations of peers that restarted elsewhere).
+func (p *wirePool) dropGone(live map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, c := range p.clients {
+		if !live[addr] {
+			c.Close()
+			delete(p.clients, addr)
+		}
 	}
 }

@@ -12,13 +12,14 @@ import (
 const wireSocketName = "wire.sock"
 
 // WireIdentity is the identity the lean data path answers on its Unix
-// socket: the server's UUID and a random part new at every start, so that
-// a client never mistakes another server (or this one restarted, at
-// another address) for the one whose address it holds.
-func (s *Server) WireIdentity() string {
-	s.wireIDOnce.Do(func() { s.wireID = wire.NewIdentity(s.serverUUID) })
-	return s.wireID
-}
+// socket: the server's incarnation (its UUID and a random part new at
+// every start), so that a client never mistakes another server (or this
+// one restarted) for the one whose address it holds.
+func (s *Server) WireIdentity() string { return s.incarnation }
+
+// Incarnation is this process's incarnation of the server, as registered
+// with the meta service.
+func (s *Server) Incarnation() string { return s.incarnation }
 
 // withUnix adds the Unix socket to the lean data path's listener wl and
 // its address to the reported address addr, if there is one.

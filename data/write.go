@@ -156,6 +156,7 @@ func (s *Server) forwardWrite(ctx context.Context, m member, l *chunk.Locked, id
 	if err != nil {
 		return s.forwardError(m, next, what, err)
 	}
+	s.forwards.ok(m)
 	if !resp.GetNeedFullChunk() {
 		return nil
 	}
@@ -182,6 +183,7 @@ func (s *Server) push(ctx context.Context, m member, next *weftv1.ChainMember, i
 	if err != nil {
 		return s.forwardError(m, next, what, err)
 	}
+	s.forwards.ok(m)
 	s.log.Debug("pushed whole chunk to next member", "chunk", id, "version", full.Version, "chain", m.view.id,
 		"target", next.GetTargetId())
 	return nil

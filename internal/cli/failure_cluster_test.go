@@ -92,6 +92,7 @@ type failCluster struct {
 	data     []*dataNode
 	mc       weftv1.MetaClient
 	mounts   int
+	metaArgs []string // extra flags of weft meta
 }
 
 // newFailCluster starts weft meta with short heartbeat and failure
@@ -103,7 +104,7 @@ func newFailCluster(t *testing.T, n int, metaArgs []string, dataArgs func(i int)
 	if os.Geteuid() != 0 {
 		t.Skip("the failure tests mount several file systems and kill their servers: run them as root")
 	}
-	c := &failCluster{t: t, exe: needWeftBinary(t), base: t.TempDir()}
+	c := &failCluster{t: t, exe: needWeftBinary(t), base: t.TempDir(), metaArgs: metaArgs}
 	if err := os.MkdirAll(filepath.Join(c.base, "logs"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,10 @@ type Options struct {
 	// Front, if set, is called each time data server i has its listener
 	// on addr, before the server opens: it returns the address the server
 	// advertises instead (e.g. of a proxy in front of it) and a function,
-	// possibly nil, run first when the server is stopped.
+	// possibly nil, run first when the server is stopped. A server with a
+	// front (advertise not empty) serves no lean data path: every request
+	// goes through the front, over gRPC, and none through its Unix socket
+	// past the front.
 	Front func(i int, addr string) (advertise string, stop func())
 	// FS is the file system every server keeps its state on (the meta
 	// service's engine, the data servers' targets); default the local
@@ -286,6 +289,9 @@ func (s *Servers) StartData(i int) {
 	var front func()
 	if s.opts.Front != nil {
 		cfg.Advertise, front = s.opts.Front(i, lis.Addr().String())
+		if cfg.Advertise != "" {
+			cfg.WireListen = data.WireOff
+		}
 	}
 	srv, err := data.Open(cfg)
 	if err != nil {

@@ -80,6 +80,20 @@ func (c *Client) ShmCalls() uint64 { return c.shmCalls.Load() }
 // place (OpenChunk and OpenChunks calls that reached the server).
 func (c *Client) OpenRounds() uint64 { return c.openRounds.Load() }
 
+// Connected reports whether the client holds a connection that has not
+// broken: false before the first request, and after the server went away
+// (its connections broke), until one is dialed again.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cc := range c.slots {
+		if cc != nil && !cc.broken() {
+			return true
+		}
+	}
+	return false
+}
+
 // Calls is the number of requests sent so far.
 func (c *Client) Calls() uint64 { return c.calls.Load() }
 

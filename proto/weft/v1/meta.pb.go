@@ -4141,9 +4141,17 @@ type RegisterServerRequest struct {
 	Targets  []*TargetReport `protobuf:"bytes,4,rep,name=targets,proto3" json:"targets,omitempty"`
 	Site     string          `protobuf:"bytes,5,opt,name=site,proto3" json:"site,omitempty"`
 	Rack     string          `protobuf:"bytes,6,opt,name=rack,proto3" json:"rack,omitempty"`
-	// Address of the data server's lean data-path listener (chunk reads and
-	// writes without gRPC); empty if it has none.
-	WireAddress   string `protobuf:"bytes,7,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// The lean data path (chunk reads and writes without gRPC): the text
+	// form of a wire address whose TCP part is `address` (one port serves
+	// both protocols), and a Unix socket for clients on the same host;
+	// empty if the server has none.
+	WireAddress string `protobuf:"bytes,7,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// The server process: its uuid and a part new at every start. A known
+	// server registering with another incarnation was restarted: the
+	// manager takes its old incarnation out of every chain and lets the new
+	// one back in (new chain versions), so nobody keeps using the old
+	// incarnation's addresses.
+	Incarnation   string `protobuf:"bytes,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4223,6 +4231,13 @@ func (x *RegisterServerRequest) GetRack() string {
 func (x *RegisterServerRequest) GetWireAddress() string {
 	if x != nil {
 		return x.WireAddress
+	}
+	return ""
+}
+
+func (x *RegisterServerRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
 	}
 	return ""
 }
@@ -4317,13 +4332,19 @@ func (x *RegisterServerResponse) GetManagerAddress() string {
 }
 
 type HeartbeatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ServerId      uint64                 `protobuf:"varint,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	Targets       []*TargetReport        `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
-	WireAddress   string                 `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ServerId    uint64                 `protobuf:"varint,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Address     string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Targets     []*TargetReport        `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	WireAddress string                 `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// As RegisterServerRequest.incarnation; a heartbeat of an incarnation
+	// other than the registered one is answered unknown_server.
+	Incarnation string `protobuf:"bytes,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// Chains whose mutations this server cannot pass on to the next member
+	// now (writes to them fail).
+	ForwardFailures []*ForwardFailure `protobuf:"bytes,6,rep,name=forward_failures,json=forwardFailures,proto3" json:"forward_failures,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -4384,6 +4405,125 @@ func (x *HeartbeatRequest) GetWireAddress() string {
 	return ""
 }
 
+func (x *HeartbeatRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetForwardFailures() []*ForwardFailure {
+	if x != nil {
+		return x.ForwardFailures
+	}
+	return nil
+}
+
+// ForwardFailure is a chain member that failed to pass a mutation on to
+// the next member, and has not succeeded since.
+type ForwardFailure struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ChainId      uint64                 `protobuf:"varint,1,opt,name=chain_id,json=chainId,proto3" json:"chain_id,omitempty"`
+	ChainVersion uint64                 `protobuf:"varint,2,opt,name=chain_version,json=chainVersion,proto3" json:"chain_version,omitempty"`
+	// The member that failed to forward (on the reporting server).
+	TargetId uint64 `protobuf:"varint,3,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	// The next member, as the failing member's chain table had it.
+	NextTargetId uint64 `protobuf:"varint,4,opt,name=next_target_id,json=nextTargetId,proto3" json:"next_target_id,omitempty"`
+	NextServerId uint64 `protobuf:"varint,5,opt,name=next_server_id,json=nextServerId,proto3" json:"next_server_id,omitempty"`
+	NextAddress  string `protobuf:"bytes,6,opt,name=next_address,json=nextAddress,proto3" json:"next_address,omitempty"`
+	// The last failure, and how long forwards have been failing.
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	FailingMs     int64  `protobuf:"varint,8,opt,name=failing_ms,json=failingMs,proto3" json:"failing_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardFailure) Reset() {
+	*x = ForwardFailure{}
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardFailure) ProtoMessage() {}
+
+func (x *ForwardFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardFailure.ProtoReflect.Descriptor instead.
+func (*ForwardFailure) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ForwardFailure) GetChainId() uint64 {
+	if x != nil {
+		return x.ChainId
+	}
+	return 0
+}
+
+func (x *ForwardFailure) GetChainVersion() uint64 {
+	if x != nil {
+		return x.ChainVersion
+	}
+	return 0
+}
+
+func (x *ForwardFailure) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
+func (x *ForwardFailure) GetNextTargetId() uint64 {
+	if x != nil {
+		return x.NextTargetId
+	}
+	return 0
+}
+
+func (x *ForwardFailure) GetNextServerId() uint64 {
+	if x != nil {
+		return x.NextServerId
+	}
+	return 0
+}
+
+func (x *ForwardFailure) GetNextAddress() string {
+	if x != nil {
+		return x.NextAddress
+	}
+	return ""
+}
+
+func (x *ForwardFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ForwardFailure) GetFailingMs() int64 {
+	if x != nil {
+		return x.FailingMs
+	}
+	return 0
+}
+
 type HeartbeatResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Chains *ChainTable            `protobuf:"bytes,1,opt,name=chains,proto3" json:"chains,omitempty"`
@@ -4397,7 +4537,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4409,7 +4549,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[64]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4422,7 +4562,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{64}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *HeartbeatResponse) GetChains() *ChainTable {
@@ -4461,7 +4601,7 @@ type Chain struct {
 
 func (x *Chain) Reset() {
 	*x = Chain{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4473,7 +4613,7 @@ func (x *Chain) String() string {
 func (*Chain) ProtoMessage() {}
 
 func (x *Chain) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[65]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4486,7 +4626,7 @@ func (x *Chain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chain.ProtoReflect.Descriptor instead.
 func (*Chain) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{65}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Chain) GetId() uint64 {
@@ -4525,14 +4665,17 @@ type ChainMember struct {
 	// "serving", "syncing", "offline".
 	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// The member's lean data-path address (see RegisterServerRequest).
-	WireAddress   string `protobuf:"bytes,5,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	WireAddress string `protobuf:"bytes,5,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
+	// The incarnation of the member's data server that the addresses belong
+	// to (see RegisterServerRequest.incarnation).
+	Incarnation   string `protobuf:"bytes,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ChainMember) Reset() {
 	*x = ChainMember{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +4687,7 @@ func (x *ChainMember) String() string {
 func (*ChainMember) ProtoMessage() {}
 
 func (x *ChainMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[66]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +4700,7 @@ func (x *ChainMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainMember.ProtoReflect.Descriptor instead.
 func (*ChainMember) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{66}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ChainMember) GetTargetId() uint64 {
@@ -4595,6 +4738,13 @@ func (x *ChainMember) GetWireAddress() string {
 	return ""
 }
 
+func (x *ChainMember) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
 type ChainTable struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -4605,7 +4755,7 @@ type ChainTable struct {
 
 func (x *ChainTable) Reset() {
 	*x = ChainTable{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +4767,7 @@ func (x *ChainTable) String() string {
 func (*ChainTable) ProtoMessage() {}
 
 func (x *ChainTable) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[67]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +4780,7 @@ func (x *ChainTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainTable.ProtoReflect.Descriptor instead.
 func (*ChainTable) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{67}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ChainTable) GetVersion() uint64 {
@@ -4661,7 +4811,7 @@ type ReportSyncedRequest struct {
 
 func (x *ReportSyncedRequest) Reset() {
 	*x = ReportSyncedRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4673,7 +4823,7 @@ func (x *ReportSyncedRequest) String() string {
 func (*ReportSyncedRequest) ProtoMessage() {}
 
 func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[68]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4686,7 +4836,7 @@ func (x *ReportSyncedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedRequest.ProtoReflect.Descriptor instead.
 func (*ReportSyncedRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{68}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReportSyncedRequest) GetServerId() uint64 {
@@ -4726,7 +4876,7 @@ type ReportSyncedResponse struct {
 
 func (x *ReportSyncedResponse) Reset() {
 	*x = ReportSyncedResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4738,7 +4888,7 @@ func (x *ReportSyncedResponse) String() string {
 func (*ReportSyncedResponse) ProtoMessage() {}
 
 func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[69]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4751,7 +4901,7 @@ func (x *ReportSyncedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportSyncedResponse.ProtoReflect.Descriptor instead.
 func (*ReportSyncedResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{69}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReportSyncedResponse) GetChains() *ChainTable {
@@ -4772,7 +4922,7 @@ type RemoveTargetRequest struct {
 
 func (x *RemoveTargetRequest) Reset() {
 	*x = RemoveTargetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +4934,7 @@ func (x *RemoveTargetRequest) String() string {
 func (*RemoveTargetRequest) ProtoMessage() {}
 
 func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[70]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +4947,7 @@ func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
 func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{70}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RemoveTargetRequest) GetTargetId() uint64 {
@@ -4817,7 +4967,7 @@ type RemoveTargetResponse struct {
 
 func (x *RemoveTargetResponse) Reset() {
 	*x = RemoveTargetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4829,7 +4979,7 @@ func (x *RemoveTargetResponse) String() string {
 func (*RemoveTargetResponse) ProtoMessage() {}
 
 func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[71]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4842,7 +4992,7 @@ func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
 func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{71}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RemoveTargetResponse) GetChainsChanged() uint32 {
@@ -4871,7 +5021,7 @@ type ChainSummary struct {
 
 func (x *ChainSummary) Reset() {
 	*x = ChainSummary{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4883,7 +5033,7 @@ func (x *ChainSummary) String() string {
 func (*ChainSummary) ProtoMessage() {}
 
 func (x *ChainSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[72]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4896,7 +5046,7 @@ func (x *ChainSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChainSummary.ProtoReflect.Descriptor instead.
 func (*ChainSummary) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{72}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ChainSummary) GetReplicas() uint32 {
@@ -4949,7 +5099,7 @@ type GetChainsRequest struct {
 
 func (x *GetChainsRequest) Reset() {
 	*x = GetChainsRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4961,7 +5111,7 @@ func (x *GetChainsRequest) String() string {
 func (*GetChainsRequest) ProtoMessage() {}
 
 func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[73]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4974,7 +5124,7 @@ func (x *GetChainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetChainsRequest.ProtoReflect.Descriptor instead.
 func (*GetChainsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{73}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
 }
 
 type ServerStatus struct {
@@ -4993,7 +5143,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5005,7 +5155,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[74]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5018,7 +5168,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{74}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ServerStatus) GetId() uint64 {
@@ -5099,7 +5249,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5111,7 +5261,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[75]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5124,7 +5274,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{75}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *TargetStatus) GetId() uint64 {
@@ -5212,7 +5362,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5224,7 +5374,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[76]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5237,7 +5387,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{76}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
 }
 
 type StatusResponse struct {
@@ -5275,7 +5425,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5287,7 +5437,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[77]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5300,7 +5450,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{77}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *StatusResponse) GetClusterId() string {
@@ -5460,7 +5610,7 @@ type SessionStatus struct {
 
 func (x *SessionStatus) Reset() {
 	*x = SessionStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5472,7 +5622,7 @@ func (x *SessionStatus) String() string {
 func (*SessionStatus) ProtoMessage() {}
 
 func (x *SessionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[78]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5485,7 +5635,7 @@ func (x *SessionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionStatus.ProtoReflect.Descriptor instead.
 func (*SessionStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{78}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *SessionStatus) GetId() string {
@@ -5553,7 +5703,7 @@ type MetaServerStatus struct {
 
 func (x *MetaServerStatus) Reset() {
 	*x = MetaServerStatus{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5565,7 +5715,7 @@ func (x *MetaServerStatus) String() string {
 func (*MetaServerStatus) ProtoMessage() {}
 
 func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[79]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5578,7 +5728,7 @@ func (x *MetaServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaServerStatus.ProtoReflect.Descriptor instead.
 func (*MetaServerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{79}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *MetaServerStatus) GetId() string {
@@ -5641,7 +5791,7 @@ type LockRequest struct {
 
 func (x *LockRequest) Reset() {
 	*x = LockRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5653,7 +5803,7 @@ func (x *LockRequest) String() string {
 func (*LockRequest) ProtoMessage() {}
 
 func (x *LockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[80]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5666,7 +5816,7 @@ func (x *LockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRequest.ProtoReflect.Descriptor instead.
 func (*LockRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{80}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LockRequest) GetCaller() *Caller {
@@ -5747,7 +5897,7 @@ type LockResponse struct {
 
 func (x *LockResponse) Reset() {
 	*x = LockResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5759,7 +5909,7 @@ func (x *LockResponse) String() string {
 func (*LockResponse) ProtoMessage() {}
 
 func (x *LockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[81]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5772,7 +5922,7 @@ func (x *LockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockResponse.ProtoReflect.Descriptor instead.
 func (*LockResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{81}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LockResponse) GetType() uint32 {
@@ -5820,7 +5970,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5832,7 +5982,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[82]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5845,7 +5995,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{82}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *WatchRequest) GetSession() string {
@@ -5874,7 +6024,7 @@ type Invalidation struct {
 
 func (x *Invalidation) Reset() {
 	*x = Invalidation{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5886,7 +6036,7 @@ func (x *Invalidation) String() string {
 func (*Invalidation) ProtoMessage() {}
 
 func (x *Invalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[83]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5899,7 +6049,7 @@ func (x *Invalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
 func (*Invalidation) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{83}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *Invalidation) GetInodes() []uint64 {
@@ -5941,7 +6091,7 @@ type Recall struct {
 
 func (x *Recall) Reset() {
 	*x = Recall{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5953,7 +6103,7 @@ func (x *Recall) String() string {
 func (*Recall) ProtoMessage() {}
 
 func (x *Recall) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[84]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5966,7 +6116,7 @@ func (x *Recall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recall.ProtoReflect.Descriptor instead.
 func (*Recall) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{84}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Recall) GetDir() uint64 {
@@ -5994,7 +6144,7 @@ type EntryChange struct {
 
 func (x *EntryChange) Reset() {
 	*x = EntryChange{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6006,7 +6156,7 @@ func (x *EntryChange) String() string {
 func (*EntryChange) ProtoMessage() {}
 
 func (x *EntryChange) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[85]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6019,7 +6169,7 @@ func (x *EntryChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EntryChange.ProtoReflect.Descriptor instead.
 func (*EntryChange) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{85}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *EntryChange) GetParent() uint64 {
@@ -6048,7 +6198,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6060,7 +6210,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[86]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6073,7 +6223,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{86}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ForgetRequest) GetSession() string {
@@ -6098,7 +6248,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6110,7 +6260,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[87]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6123,7 +6273,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{87}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{88}
 }
 
 // FsckRequest checks the namespace and the chunks on the data servers.
@@ -6137,7 +6287,7 @@ type FsckRequest struct {
 
 func (x *FsckRequest) Reset() {
 	*x = FsckRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6149,7 +6299,7 @@ func (x *FsckRequest) String() string {
 func (*FsckRequest) ProtoMessage() {}
 
 func (x *FsckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[88]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6162,7 +6312,7 @@ func (x *FsckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckRequest.ProtoReflect.Descriptor instead.
 func (*FsckRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{88}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *FsckRequest) GetRepair() bool {
@@ -6189,7 +6339,7 @@ type FsckProblem struct {
 
 func (x *FsckProblem) Reset() {
 	*x = FsckProblem{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6201,7 +6351,7 @@ func (x *FsckProblem) String() string {
 func (*FsckProblem) ProtoMessage() {}
 
 func (x *FsckProblem) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[89]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6214,7 +6364,7 @@ func (x *FsckProblem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckProblem.ProtoReflect.Descriptor instead.
 func (*FsckProblem) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{89}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *FsckProblem) GetKind() string {
@@ -6274,7 +6424,7 @@ type FsckResponse struct {
 
 func (x *FsckResponse) Reset() {
 	*x = FsckResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6286,7 +6436,7 @@ func (x *FsckResponse) String() string {
 func (*FsckResponse) ProtoMessage() {}
 
 func (x *FsckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[90]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6299,7 +6449,7 @@ func (x *FsckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsckResponse.ProtoReflect.Descriptor instead.
 func (*FsckResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{90}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *FsckResponse) GetProblems() []*FsckProblem {
@@ -6358,7 +6508,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6370,7 +6520,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[91]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6383,7 +6533,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{91}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *BatchRequest) GetCalls() []*BatchCall {
@@ -6413,7 +6563,7 @@ type BatchCall struct {
 
 func (x *BatchCall) Reset() {
 	*x = BatchCall{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6425,7 +6575,7 @@ func (x *BatchCall) String() string {
 func (*BatchCall) ProtoMessage() {}
 
 func (x *BatchCall) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[92]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6438,7 +6588,7 @@ func (x *BatchCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCall.ProtoReflect.Descriptor instead.
 func (*BatchCall) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{92}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *BatchCall) GetMethod() string {
@@ -6472,7 +6622,7 @@ type BatchResponse struct {
 
 func (x *BatchResponse) Reset() {
 	*x = BatchResponse{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6484,7 +6634,7 @@ func (x *BatchResponse) String() string {
 func (*BatchResponse) ProtoMessage() {}
 
 func (x *BatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[93]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6497,7 +6647,7 @@ func (x *BatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
 func (*BatchResponse) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{93}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *BatchResponse) GetReplies() []*BatchReply {
@@ -6520,7 +6670,7 @@ type BatchReply struct {
 
 func (x *BatchReply) Reset() {
 	*x = BatchReply{}
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6532,7 +6682,7 @@ func (x *BatchReply) String() string {
 func (*BatchReply) ProtoMessage() {}
 
 func (x *BatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_weft_v1_meta_proto_msgTypes[94]
+	mi := &file_proto_weft_v1_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6545,7 +6695,7 @@ func (x *BatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReply.ProtoReflect.Descriptor instead.
 func (*BatchReply) Descriptor() ([]byte, []int) {
-	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{94}
+	return file_proto_weft_v1_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *BatchReply) GetResponse() []byte {
@@ -6859,7 +7009,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"bytes_done\x18\x02 \x01(\x04R\tbytesDone\x12\x1d\n" +
 	"\n" +
-	"bytes_left\x18\x03 \x01(\x04R\tbytesLeft\"\xdd\x01\n" +
+	"bytes_left\x18\x03 \x01(\x04R\tbytesLeft\"\xff\x01\n" +
 	"\x15RegisterServerRequest\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
@@ -6867,7 +7017,8 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\atargets\x18\x04 \x03(\v2\x15.weft.v1.TargetReportR\atargets\x12\x12\n" +
 	"\x04site\x18\x05 \x01(\tR\x04site\x12\x12\n" +
 	"\x04rack\x18\x06 \x01(\tR\x04rack\x12!\n" +
-	"\fwire_address\x18\a \x01(\tR\vwireAddress\"\x8c\x02\n" +
+	"\fwire_address\x18\a \x01(\tR\vwireAddress\x12 \n" +
+	"\vincarnation\x18\b \x01(\tR\vincarnation\"\x8c\x02\n" +
 	"\x16RegisterServerResponse\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x1d\n" +
 	"\n" +
@@ -6875,12 +7026,24 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12+\n" +
 	"\x06chains\x18\x04 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12,\n" +
 	"\x12failure_timeout_ms\x18\x05 \x01(\x03R\x10failureTimeoutMs\x12'\n" +
-	"\x0fmanager_address\x18\x06 \x01(\tR\x0emanagerAddress\"\x9d\x01\n" +
+	"\x0fmanager_address\x18\x06 \x01(\tR\x0emanagerAddress\"\x83\x02\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\x04R\bserverId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12/\n" +
 	"\atargets\x18\x03 \x03(\v2\x15.weft.v1.TargetReportR\atargets\x12!\n" +
-	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\"\x90\x01\n" +
+	"\fwire_address\x18\x04 \x01(\tR\vwireAddress\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\tR\vincarnation\x12B\n" +
+	"\x10forward_failures\x18\x06 \x03(\v2\x17.weft.v1.ForwardFailureR\x0fforwardFailures\"\x91\x02\n" +
+	"\x0eForwardFailure\x12\x19\n" +
+	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12#\n" +
+	"\rchain_version\x18\x02 \x01(\x04R\fchainVersion\x12\x1b\n" +
+	"\ttarget_id\x18\x03 \x01(\x04R\btargetId\x12$\n" +
+	"\x0enext_target_id\x18\x04 \x01(\x04R\fnextTargetId\x12$\n" +
+	"\x0enext_server_id\x18\x05 \x01(\x04R\fnextServerId\x12!\n" +
+	"\fnext_address\x18\x06 \x01(\tR\vnextAddress\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"failing_ms\x18\b \x01(\x03R\tfailingMs\"\x90\x01\n" +
 	"\x11HeartbeatResponse\x12+\n" +
 	"\x06chains\x18\x01 \x01(\v2\x13.weft.v1.ChainTableR\x06chains\x12%\n" +
 	"\x0eunknown_server\x18\x02 \x01(\bR\runknownServer\x12'\n" +
@@ -6889,13 +7052,14 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12.\n" +
 	"\amembers\x18\x03 \x03(\v2\x14.weft.v1.ChainMemberR\amembers\x12\x1a\n" +
-	"\breplicas\x18\x04 \x01(\rR\breplicas\"\x9a\x01\n" +
+	"\breplicas\x18\x04 \x01(\rR\breplicas\"\xbc\x01\n" +
 	"\vChainMember\x12\x1b\n" +
 	"\ttarget_id\x18\x01 \x01(\x04R\btargetId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\x04R\bserverId\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12!\n" +
-	"\fwire_address\x18\x05 \x01(\tR\vwireAddress\"N\n" +
+	"\fwire_address\x18\x05 \x01(\tR\vwireAddress\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\tR\vincarnation\"N\n" +
 	"\n" +
 	"ChainTable\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12&\n" +
@@ -7133,7 +7297,7 @@ func file_proto_weft_v1_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_weft_v1_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_proto_weft_v1_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(SetAttrValid)(0),                // 0: weft.v1.SetAttrValid
 	(RenameFlags)(0),                 // 1: weft.v1.RenameFlags
@@ -7202,37 +7366,38 @@ var file_proto_weft_v1_meta_proto_goTypes = []any{
 	(*RegisterServerRequest)(nil),    // 64: weft.v1.RegisterServerRequest
 	(*RegisterServerResponse)(nil),   // 65: weft.v1.RegisterServerResponse
 	(*HeartbeatRequest)(nil),         // 66: weft.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 67: weft.v1.HeartbeatResponse
-	(*Chain)(nil),                    // 68: weft.v1.Chain
-	(*ChainMember)(nil),              // 69: weft.v1.ChainMember
-	(*ChainTable)(nil),               // 70: weft.v1.ChainTable
-	(*ReportSyncedRequest)(nil),      // 71: weft.v1.ReportSyncedRequest
-	(*ReportSyncedResponse)(nil),     // 72: weft.v1.ReportSyncedResponse
-	(*RemoveTargetRequest)(nil),      // 73: weft.v1.RemoveTargetRequest
-	(*RemoveTargetResponse)(nil),     // 74: weft.v1.RemoveTargetResponse
-	(*ChainSummary)(nil),             // 75: weft.v1.ChainSummary
-	(*GetChainsRequest)(nil),         // 76: weft.v1.GetChainsRequest
-	(*ServerStatus)(nil),             // 77: weft.v1.ServerStatus
-	(*TargetStatus)(nil),             // 78: weft.v1.TargetStatus
-	(*StatusRequest)(nil),            // 79: weft.v1.StatusRequest
-	(*StatusResponse)(nil),           // 80: weft.v1.StatusResponse
-	(*SessionStatus)(nil),            // 81: weft.v1.SessionStatus
-	(*MetaServerStatus)(nil),         // 82: weft.v1.MetaServerStatus
-	(*LockRequest)(nil),              // 83: weft.v1.LockRequest
-	(*LockResponse)(nil),             // 84: weft.v1.LockResponse
-	(*WatchRequest)(nil),             // 85: weft.v1.WatchRequest
-	(*Invalidation)(nil),             // 86: weft.v1.Invalidation
-	(*Recall)(nil),                   // 87: weft.v1.Recall
-	(*EntryChange)(nil),              // 88: weft.v1.EntryChange
-	(*ForgetRequest)(nil),            // 89: weft.v1.ForgetRequest
-	(*ForgetResponse)(nil),           // 90: weft.v1.ForgetResponse
-	(*FsckRequest)(nil),              // 91: weft.v1.FsckRequest
-	(*FsckProblem)(nil),              // 92: weft.v1.FsckProblem
-	(*FsckResponse)(nil),             // 93: weft.v1.FsckResponse
-	(*BatchRequest)(nil),             // 94: weft.v1.BatchRequest
-	(*BatchCall)(nil),                // 95: weft.v1.BatchCall
-	(*BatchResponse)(nil),            // 96: weft.v1.BatchResponse
-	(*BatchReply)(nil),               // 97: weft.v1.BatchReply
+	(*ForwardFailure)(nil),           // 67: weft.v1.ForwardFailure
+	(*HeartbeatResponse)(nil),        // 68: weft.v1.HeartbeatResponse
+	(*Chain)(nil),                    // 69: weft.v1.Chain
+	(*ChainMember)(nil),              // 70: weft.v1.ChainMember
+	(*ChainTable)(nil),               // 71: weft.v1.ChainTable
+	(*ReportSyncedRequest)(nil),      // 72: weft.v1.ReportSyncedRequest
+	(*ReportSyncedResponse)(nil),     // 73: weft.v1.ReportSyncedResponse
+	(*RemoveTargetRequest)(nil),      // 74: weft.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),     // 75: weft.v1.RemoveTargetResponse
+	(*ChainSummary)(nil),             // 76: weft.v1.ChainSummary
+	(*GetChainsRequest)(nil),         // 77: weft.v1.GetChainsRequest
+	(*ServerStatus)(nil),             // 78: weft.v1.ServerStatus
+	(*TargetStatus)(nil),             // 79: weft.v1.TargetStatus
+	(*StatusRequest)(nil),            // 80: weft.v1.StatusRequest
+	(*StatusResponse)(nil),           // 81: weft.v1.StatusResponse
+	(*SessionStatus)(nil),            // 82: weft.v1.SessionStatus
+	(*MetaServerStatus)(nil),         // 83: weft.v1.MetaServerStatus
+	(*LockRequest)(nil),              // 84: weft.v1.LockRequest
+	(*LockResponse)(nil),             // 85: weft.v1.LockResponse
+	(*WatchRequest)(nil),             // 86: weft.v1.WatchRequest
+	(*Invalidation)(nil),             // 87: weft.v1.Invalidation
+	(*Recall)(nil),                   // 88: weft.v1.Recall
+	(*EntryChange)(nil),              // 89: weft.v1.EntryChange
+	(*ForgetRequest)(nil),            // 90: weft.v1.ForgetRequest
+	(*ForgetResponse)(nil),           // 91: weft.v1.ForgetResponse
+	(*FsckRequest)(nil),              // 92: weft.v1.FsckRequest
+	(*FsckProblem)(nil),              // 93: weft.v1.FsckProblem
+	(*FsckResponse)(nil),             // 94: weft.v1.FsckResponse
+	(*BatchRequest)(nil),             // 95: weft.v1.BatchRequest
+	(*BatchCall)(nil),                // 96: weft.v1.BatchCall
+	(*BatchResponse)(nil),            // 97: weft.v1.BatchResponse
+	(*BatchReply)(nil),               // 98: weft.v1.BatchReply
 }
 var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	4,   // 0: weft.v1.Attr.layout:type_name -> weft.v1.Layout
@@ -7280,114 +7445,115 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	56,  // 42: weft.v1.RenewSessionRequest.reopen:type_name -> weft.v1.OpenCount
 	63,  // 43: weft.v1.TargetReport.syncs:type_name -> weft.v1.SyncProgress
 	62,  // 44: weft.v1.RegisterServerRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 45: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
+	71,  // 45: weft.v1.RegisterServerResponse.chains:type_name -> weft.v1.ChainTable
 	62,  // 46: weft.v1.HeartbeatRequest.targets:type_name -> weft.v1.TargetReport
-	70,  // 47: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
-	69,  // 48: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
-	68,  // 49: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
-	70,  // 50: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
-	78,  // 51: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
-	77,  // 52: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
-	4,   // 53: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
-	75,  // 54: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
-	68,  // 55: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
-	81,  // 56: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
-	82,  // 57: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
-	3,   // 58: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
-	88,  // 59: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
-	87,  // 60: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
-	92,  // 61: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
-	95,  // 62: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
-	97,  // 63: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
-	7,   // 64: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
-	9,   // 65: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
-	10,  // 66: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
-	11,  // 67: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
-	13,  // 68: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
-	15,  // 69: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
-	18,  // 70: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
-	21,  // 71: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
-	23,  // 72: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
-	24,  // 73: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
-	24,  // 74: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
-	26,  // 75: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
-	28,  // 76: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
-	29,  // 77: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
-	30,  // 78: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
-	32,  // 79: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
-	35,  // 80: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
-	36,  // 81: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
-	38,  // 82: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
-	40,  // 83: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
-	41,  // 84: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
-	43,  // 85: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
-	45,  // 86: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
-	47,  // 87: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
-	49,  // 88: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
-	51,  // 89: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
-	53,  // 90: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	94,  // 91: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	55,  // 92: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	58,  // 93: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	60,  // 94: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	64,  // 95: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	66,  // 96: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	76,  // 97: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	71,  // 98: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	73,  // 99: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	79,  // 100: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	83,  // 101: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	83,  // 102: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	85,  // 103: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	89,  // 104: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	91,  // 105: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,   // 106: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,   // 107: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,   // 108: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12,  // 109: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	14,  // 110: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
-	16,  // 111: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
-	20,  // 112: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
-	22,  // 113: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
-	8,   // 114: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	25,  // 115: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	25,  // 116: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	27,  // 117: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,   // 118: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,   // 119: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	31,  // 120: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	34,  // 121: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,   // 122: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	37,  // 123: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	39,  // 124: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,   // 125: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	42,  // 126: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	44,  // 127: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	46,  // 128: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	48,  // 129: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	50,  // 130: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	52,  // 131: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	54,  // 132: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	96,  // 133: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	57,  // 134: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	59,  // 135: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	61,  // 136: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	65,  // 137: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	67,  // 138: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	70,  // 139: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	72,  // 140: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	74,  // 141: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	80,  // 142: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	84,  // 143: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	84,  // 144: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	86,  // 145: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	90,  // 146: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	93,  // 147: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	106, // [106:148] is the sub-list for method output_type
-	64,  // [64:106] is the sub-list for method input_type
-	64,  // [64:64] is the sub-list for extension type_name
-	64,  // [64:64] is the sub-list for extension extendee
-	0,   // [0:64] is the sub-list for field type_name
+	67,  // 47: weft.v1.HeartbeatRequest.forward_failures:type_name -> weft.v1.ForwardFailure
+	71,  // 48: weft.v1.HeartbeatResponse.chains:type_name -> weft.v1.ChainTable
+	70,  // 49: weft.v1.Chain.members:type_name -> weft.v1.ChainMember
+	69,  // 50: weft.v1.ChainTable.chains:type_name -> weft.v1.Chain
+	71,  // 51: weft.v1.ReportSyncedResponse.chains:type_name -> weft.v1.ChainTable
+	79,  // 52: weft.v1.ServerStatus.targets:type_name -> weft.v1.TargetStatus
+	78,  // 53: weft.v1.StatusResponse.servers:type_name -> weft.v1.ServerStatus
+	4,   // 54: weft.v1.StatusResponse.default_layout:type_name -> weft.v1.Layout
+	76,  // 55: weft.v1.StatusResponse.chain_summaries:type_name -> weft.v1.ChainSummary
+	69,  // 56: weft.v1.StatusResponse.chain_list:type_name -> weft.v1.Chain
+	82,  // 57: weft.v1.StatusResponse.session_list:type_name -> weft.v1.SessionStatus
+	83,  // 58: weft.v1.StatusResponse.meta_servers:type_name -> weft.v1.MetaServerStatus
+	3,   // 59: weft.v1.LockRequest.caller:type_name -> weft.v1.Caller
+	89,  // 60: weft.v1.Invalidation.entries:type_name -> weft.v1.EntryChange
+	88,  // 61: weft.v1.Invalidation.recalls:type_name -> weft.v1.Recall
+	93,  // 62: weft.v1.FsckResponse.problems:type_name -> weft.v1.FsckProblem
+	96,  // 63: weft.v1.BatchRequest.calls:type_name -> weft.v1.BatchCall
+	98,  // 64: weft.v1.BatchResponse.replies:type_name -> weft.v1.BatchReply
+	7,   // 65: weft.v1.Meta.Lookup:input_type -> weft.v1.LookupRequest
+	9,   // 66: weft.v1.Meta.GetAttr:input_type -> weft.v1.GetAttrRequest
+	10,  // 67: weft.v1.Meta.SetAttr:input_type -> weft.v1.SetAttrRequest
+	11,  // 68: weft.v1.Meta.Create:input_type -> weft.v1.CreateRequest
+	13,  // 69: weft.v1.Meta.Delegate:input_type -> weft.v1.DelegateRequest
+	15,  // 70: weft.v1.Meta.ReturnDelegation:input_type -> weft.v1.ReturnDelegationRequest
+	18,  // 71: weft.v1.Meta.CreateMany:input_type -> weft.v1.CreateManyRequest
+	21,  // 72: weft.v1.Meta.RecordOpens:input_type -> weft.v1.RecordOpensRequest
+	23,  // 73: weft.v1.Meta.Mkdir:input_type -> weft.v1.MkdirRequest
+	24,  // 74: weft.v1.Meta.Unlink:input_type -> weft.v1.RemoveRequest
+	24,  // 75: weft.v1.Meta.Rmdir:input_type -> weft.v1.RemoveRequest
+	26,  // 76: weft.v1.Meta.Rename:input_type -> weft.v1.RenameRequest
+	28,  // 77: weft.v1.Meta.Link:input_type -> weft.v1.LinkRequest
+	29,  // 78: weft.v1.Meta.Symlink:input_type -> weft.v1.SymlinkRequest
+	30,  // 79: weft.v1.Meta.Readlink:input_type -> weft.v1.ReadlinkRequest
+	32,  // 80: weft.v1.Meta.ReadDir:input_type -> weft.v1.ReadDirRequest
+	35,  // 81: weft.v1.Meta.Open:input_type -> weft.v1.OpenRequest
+	36,  // 82: weft.v1.Meta.Release:input_type -> weft.v1.ReleaseRequest
+	38,  // 83: weft.v1.Meta.Access:input_type -> weft.v1.AccessRequest
+	40,  // 84: weft.v1.Meta.CommitWrite:input_type -> weft.v1.CommitWriteRequest
+	41,  // 85: weft.v1.Meta.StatFS:input_type -> weft.v1.StatFSRequest
+	43,  // 86: weft.v1.Meta.GetXattr:input_type -> weft.v1.GetXattrRequest
+	45,  // 87: weft.v1.Meta.SetXattr:input_type -> weft.v1.SetXattrRequest
+	47,  // 88: weft.v1.Meta.ListXattr:input_type -> weft.v1.ListXattrRequest
+	49,  // 89: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
+	51,  // 90: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
+	53,  // 91: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
+	95,  // 92: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
+	55,  // 93: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	58,  // 94: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	60,  // 95: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	64,  // 96: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	66,  // 97: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	77,  // 98: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	72,  // 99: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	74,  // 100: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	80,  // 101: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	84,  // 102: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	84,  // 103: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	86,  // 104: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	90,  // 105: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	92,  // 106: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 107: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 108: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 109: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 110: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 111: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 112: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 113: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 114: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 115: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 116: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 117: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 118: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 119: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 120: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 121: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 122: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 123: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 124: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 125: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 126: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 127: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 128: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 129: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 130: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 131: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 132: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 133: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	97,  // 134: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
+	57,  // 135: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	59,  // 136: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	61,  // 137: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	65,  // 138: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	68,  // 139: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	71,  // 140: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	73,  // 141: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	75,  // 142: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	81,  // 143: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	85,  // 144: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	85,  // 145: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	87,  // 146: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	91,  // 147: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	94,  // 148: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	107, // [107:149] is the sub-list for method output_type
+	65,  // [65:107] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_meta_proto_init() }
@@ -7401,7 +7567,7 @@ func file_proto_weft_v1_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_meta_proto_rawDesc), len(file_proto_weft_v1_meta_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   95,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
