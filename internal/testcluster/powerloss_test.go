@@ -61,7 +61,7 @@ func TestPowerLossKeepsWhatWasSynced(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, 2)
 		wg.Go(func() { errs <- files.run(root, rand.New(rand.NewPCG(seed, uint64(2*round))), &mu, stop) })
-		wg.Go(func() { errs <- names.run(root, rand.New(rand.NewPCG(seed, uint64(2*round+1))), &mu, stop) })
+		wg.Go(func() { errs <- names.run(root, round, rand.New(rand.NewPCG(seed, uint64(2*round+1))), &mu, stop) })
 		time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
 		mu.Lock()
 		img := mem.CrashCopy(rng)
@@ -84,7 +84,7 @@ func TestPowerLossKeepsWhatWasSynced(t *testing.T) {
 		if err := names.check(c.MountDir()); err != nil {
 			t.Fatalf("round %d (seed %d): after the power loss: %v", round, seed, err)
 		}
-		t.Logf("round %d: %d fsyncs of data and %d of names acknowledged before the loss", round, files.syncs, names.syncs)
+		t.Logf("round %d: %d fsyncs of data and %d of names acknowledged so far", round, files.syncs, names.syncs)
 	}
 }
 
@@ -101,8 +101,9 @@ type fileStates struct {
 
 // fileModel is the data workload and its model.
 type fileModel struct {
-	files map[string]*fileStates
-	syncs int
+	files  map[string]*fileStates
+	syncs  int
+	frozen bool // the power is lost: later acknowledgments do not count
 }
 
 const (
@@ -151,7 +152,9 @@ func (m *fileModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 		// is a possible content from then on (see lost).
 		setPending := func() {
 			mu.Lock()
-			f.pending = next
+			if !m.frozen {
+				f.pending = next
+			}
 			mu.Unlock()
 		}
 		switch r := rng.IntN(10); {
@@ -181,6 +184,10 @@ func (m *fileModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		mu.Lock()
+		if m.frozen {
+			mu.Unlock()
+			return nil
+		}
 		if synced {
 			f.states = [][]byte{next}
 			m.syncs++
@@ -195,6 +202,7 @@ func (m *fileModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 // lost is called at the instant of the power loss, with the workload's
 // mutex held: a change in flight then may or may not have been done.
 func (m *fileModel) lost() {
+	m.frozen = true
 	for _, f := range m.files {
 		if f.pending != nil {
 			f.states = append(f.states, f.pending)
@@ -243,8 +251,9 @@ func (m *fileModel) check(root string) error {
 		}
 		// What is there now is durable (the servers synced their file
 		// systems when they started again).
-		f.states, f.cur = [][]byte{got}, got
+		f.states, f.cur, f.pending = [][]byte{got}, got, nil
 	}
+	m.frozen = false
 	return nil
 }
 
@@ -254,12 +263,14 @@ type nameModel struct {
 	names    map[string]bool // durable: each change was followed by an fsync of its directory
 	inFlight map[string]bool // the names if the change in flight at the loss was done
 	syncs    int
+	log      []string // the last changes, for a failure's message
+	frozen   bool     // the power is lost: later acknowledgments do not count
 }
 
 // run creates, renames, unlinks and makes directories in root/names
 // until stop, each change followed by an fsync of the directory; a
 // change counts once the fsync returned.
-func (m *nameModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan struct{}) error {
+func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, stop chan struct{}) error {
 	dir := filepath.Join(root, "names")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -297,12 +308,14 @@ func (m *nameModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 		// possible from then on.
 		inFlight := func() {
 			mu.Lock()
-			m.inFlight = next
+			if !m.frozen {
+				m.inFlight = next
+			}
 			mu.Unlock()
 		}
 		switch r := rng.IntN(10); {
 		case r < 4 || len(have) == 0:
-			n := fmt.Sprintf("f%d-%d", rng.IntN(1000), i)
+			n := fmt.Sprintf("f%d-%d-%d", rng.IntN(1000), round, i)
 			next[n] = true
 			inFlight()
 			var fd int
@@ -316,13 +329,13 @@ func (m *nameModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 				}
 			}
 		case r < 6:
-			n := fmt.Sprintf("d%d-%d", rng.IntN(1000), i)
+			n := fmt.Sprintf("d%d-%d-%d", rng.IntN(1000), round, i)
 			next[n] = true
 			inFlight()
 			err = unix.Mkdir(filepath.Join(dir, n), 0o755)
 		case r < 8:
 			from := have[rng.IntN(len(have))]
-			to := fmt.Sprintf("r%d-%d", rng.IntN(1000), i)
+			to := fmt.Sprintf("r%d-%d-%d", rng.IntN(1000), round, i)
 			delete(next, from)
 			next[to] = true
 			inFlight()
@@ -340,13 +353,24 @@ func (m *nameModel) run(root string, rng *rand.Rand, mu *sync.Mutex, stop chan s
 			return fmt.Errorf("names: %w", err)
 		}
 		mu.Lock()
+		if m.frozen {
+			mu.Unlock()
+			return nil
+		}
 		m.names, m.inFlight = next, nil
 		m.syncs++
+		m.log = append(m.log, fmt.Sprintf("%s op %d (%d names)", time.Now().Format("15:04:05.000000"), i, len(next)))
+		if len(m.log) > 5 {
+			m.log = m.log[1:]
+		}
 		mu.Unlock()
 	}
 }
 
-func (m *nameModel) lost() {}
+func (m *nameModel) lost() {
+	m.frozen = true
+	m.log = append(m.log, time.Now().Format("15:04:05.000000")+" power loss")
+}
 
 // check lists the directory: it must hold the names of the last
 // acknowledged change, or of the change in flight at the loss.
@@ -385,7 +409,7 @@ func (m *nameModel) check(root string) error {
 				extra = append(extra, n)
 			}
 		}
-		return fmt.Errorf("names: %d listed; missing %v, unexpected %v (of the last fsynced state)", len(got), missing, extra)
+		return fmt.Errorf("names: %d listed; missing %v, unexpected %v (of the last fsynced state); last: %v", len(got), missing, extra, m.log)
 	}
 	// Files created hold what was written and fsynced.
 	for _, e := range entries {
@@ -399,6 +423,6 @@ func (m *nameModel) check(root string) error {
 			return fmt.Errorf("%s holds %q", n, b)
 		}
 	}
-	m.names, m.inFlight = got, nil
+	m.names, m.inFlight, m.frozen = got, nil, false
 	return nil
 }
