@@ -177,7 +177,22 @@ type ScrubResult struct {
 	Bytes    int64 // bytes verified
 	Errors   int   // bad copies found
 	Repaired int   // bad copies replaced from a peer
+	// Unrepaired lists the bad copies not repaired (the first
+	// maxUnrepaired of them).
+	Unrepaired []Unrepaired
 }
+
+// Unrepaired is a bad copy a scrub found and could not repair.
+type Unrepaired struct {
+	Chunk    chunk.ID
+	TargetID uint64
+	Target   string // the target's directory
+	Problem  string // what is wrong with the copy
+	Reason   string // why it was not repaired
+}
+
+// maxUnrepaired bounds the bad copies a scrub pass lists.
+const maxUnrepaired = 100
 
 // Scrub runs a full scrub pass now, at full speed: every chunk of every
 // target is read and checked against its checksums and header, and bad
@@ -254,8 +269,12 @@ func (s *Server) scrubPass(ctx context.Context, limit *tokenBucket) (ScrubResult
 				}
 				res.Errors++
 				s.stats[i].errors.Add(1)
-				if err := s.repair(ctx, t, tid, id); err != nil {
-					s.log.Error("scrub found a corrupt chunk and cannot repair it", "chunk", id, "target", t.Dir(), "err", err)
+				if rerr := s.repair(ctx, t, tid, id); rerr != nil {
+					s.log.Error("scrub found a corrupt chunk and cannot repair it", "chunk", id, "target", t.Dir(), "err", rerr)
+					if len(res.Unrepaired) < maxUnrepaired {
+						res.Unrepaired = append(res.Unrepaired, Unrepaired{Chunk: id, TargetID: tid, Target: t.Dir(),
+							Problem: err.Error(), Reason: rerr.Error()})
+					}
 					continue
 				}
 				res.Repaired++

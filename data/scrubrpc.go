@@ -28,6 +28,11 @@ func (d dataService) Scrub(ctx context.Context, _ *weftv1.ScrubRequest) (*weftv1
 		Errors:   uint64(res.Errors),
 		Repaired: uint64(res.Repaired),
 	}
+	for _, u := range res.Unrepaired {
+		resp.Unrepaired = append(resp.Unrepaired, &weftv1.UnrepairedChunk{
+			Chunk: &weftv1.ChunkID{Ino: u.Chunk.Ino, Index: u.Chunk.Index}, TargetId: u.TargetID,
+			TargetDir: u.Target, Problem: u.Problem, Reason: u.Reason})
+	}
 	switch {
 	case err == nil:
 		return resp, nil

@@ -94,6 +94,11 @@ func runScrub(cmd *cobra.Command, addr string, id uint64) error {
 			continue
 		}
 		writeScrubLine(w, fmt.Sprintf("data server %d (%s)", s.GetId(), s.GetAddress()), resp)
+		for _, u := range resp.GetUnrepaired() {
+			fmt.Fprintf(w, "  not repaired: chunk %d of inode %d on target %d (%s): %s; %s\n",
+				u.GetChunk().GetIndex(), u.GetChunk().GetIno(), u.GetTargetId(), u.GetTargetDir(),
+				oneLine(u.GetProblem()), oneLine(u.GetReason()))
+		}
 		total.Chunks += resp.GetChunks()
 		total.Bytes += resp.GetBytes()
 		total.Errors += resp.GetErrors()
@@ -109,7 +114,7 @@ func runScrub(cmd *cobra.Command, addr string, id uint64) error {
 	case total.Errors > total.Repaired:
 		left := total.Errors - total.Repaired
 		return failure("scrub", fmt.Errorf("%d bad %s could not be repaired", left, choose(uint32(min(left, 2)), "copy", "copies")),
-			"the data servers' logs name the chunks; a chain with no other good replica (replicas 1) cannot repair them")
+			"the lines \"not repaired\" above name each and why: a chain with no other good replica (replicas 1) cannot repair them; restore those files from a backup, or bring their chains' other replicas back and scrub again")
 	}
 	return nil
 }

@@ -1266,11 +1266,14 @@ func (*ScrubRequest) Descriptor() ([]byte, []int) {
 
 // ScrubResponse counts what the pass found, over all the server's targets.
 type ScrubResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Chunks        uint64                 `protobuf:"varint,1,opt,name=chunks,proto3" json:"chunks,omitempty"`     // chunks verified
-	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`       // bytes verified
-	Errors        uint64                 `protobuf:"varint,3,opt,name=errors,proto3" json:"errors,omitempty"`     // bad copies found (checksum, header, truncated)
-	Repaired      uint64                 `protobuf:"varint,4,opt,name=repaired,proto3" json:"repaired,omitempty"` // bad copies replaced from a serving peer
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Chunks   uint64                 `protobuf:"varint,1,opt,name=chunks,proto3" json:"chunks,omitempty"`     // chunks verified
+	Bytes    uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`       // bytes verified
+	Errors   uint64                 `protobuf:"varint,3,opt,name=errors,proto3" json:"errors,omitempty"`     // bad copies found (checksum, header, truncated)
+	Repaired uint64                 `protobuf:"varint,4,opt,name=repaired,proto3" json:"repaired,omitempty"` // bad copies replaced from a serving peer
+	// The bad copies not repaired (at most 100 of them, in the order found),
+	// each with what is wrong with it and why it could not be repaired.
+	Unrepaired    []*UnrepairedChunk `protobuf:"bytes,5,rep,name=unrepaired,proto3" json:"unrepaired,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1331,6 +1334,90 @@ func (x *ScrubResponse) GetRepaired() uint64 {
 		return x.Repaired
 	}
 	return 0
+}
+
+func (x *ScrubResponse) GetUnrepaired() []*UnrepairedChunk {
+	if x != nil {
+		return x.Unrepaired
+	}
+	return nil
+}
+
+// UnrepairedChunk is a bad copy a scrub found and could not repair.
+type UnrepairedChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunk         *ChunkID               `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	TargetId      uint64                 `protobuf:"varint,2,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	TargetDir     string                 `protobuf:"bytes,3,opt,name=target_dir,json=targetDir,proto3" json:"target_dir,omitempty"`
+	Problem       string                 `protobuf:"bytes,4,opt,name=problem,proto3" json:"problem,omitempty"` // what is wrong with the copy
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`   // why it was not repaired
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnrepairedChunk) Reset() {
+	*x = UnrepairedChunk{}
+	mi := &file_proto_weft_v1_data_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnrepairedChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnrepairedChunk) ProtoMessage() {}
+
+func (x *UnrepairedChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_weft_v1_data_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnrepairedChunk.ProtoReflect.Descriptor instead.
+func (*UnrepairedChunk) Descriptor() ([]byte, []int) {
+	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UnrepairedChunk) GetChunk() *ChunkID {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *UnrepairedChunk) GetTargetId() uint64 {
+	if x != nil {
+		return x.TargetId
+	}
+	return 0
+}
+
+func (x *UnrepairedChunk) GetTargetDir() string {
+	if x != nil {
+		return x.TargetDir
+	}
+	return ""
+}
+
+func (x *UnrepairedChunk) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
+func (x *UnrepairedChunk) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 var File_proto_weft_v1_data_proto protoreflect.FileDescriptor
@@ -1421,12 +1508,22 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x05force\x18\x04 \x01(\bR\x05force\x12\x1b\n" +
 	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x13\n" +
 	"\x11PushChunkResponse\"\x0e\n" +
-	"\fScrubRequest\"q\n" +
+	"\fScrubRequest\"\xab\x01\n" +
 	"\rScrubResponse\x12\x16\n" +
 	"\x06chunks\x18\x01 \x01(\x04R\x06chunks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06errors\x18\x03 \x01(\x04R\x06errors\x12\x1a\n" +
-	"\brepaired\x18\x04 \x01(\x04R\brepaired2\xed\x04\n" +
+	"\brepaired\x18\x04 \x01(\x04R\brepaired\x128\n" +
+	"\n" +
+	"unrepaired\x18\x05 \x03(\v2\x18.weft.v1.UnrepairedChunkR\n" +
+	"unrepaired\"\xa7\x01\n" +
+	"\x0fUnrepairedChunk\x12&\n" +
+	"\x05chunk\x18\x01 \x01(\v2\x10.weft.v1.ChunkIDR\x05chunk\x12\x1b\n" +
+	"\ttarget_id\x18\x02 \x01(\x04R\btargetId\x12\x1d\n" +
+	"\n" +
+	"target_dir\x18\x03 \x01(\tR\ttargetDir\x12\x18\n" +
+	"\aproblem\x18\x04 \x01(\tR\aproblem\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason2\xed\x04\n" +
 	"\x04Data\x12E\n" +
 	"\n" +
 	"WriteChunk\x12\x1a.weft.v1.WriteChunkRequest\x1a\x1b.weft.v1.WriteChunkResponse\x12B\n" +
@@ -1453,7 +1550,7 @@ func file_proto_weft_v1_data_proto_rawDescGZIP() []byte {
 	return file_proto_weft_v1_data_proto_rawDescData
 }
 
-var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_proto_weft_v1_data_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*ChunkID)(nil),              // 0: weft.v1.ChunkID
 	(*WriteChunkRequest)(nil),    // 1: weft.v1.WriteChunkRequest
@@ -1475,6 +1572,7 @@ var file_proto_weft_v1_data_proto_goTypes = []any{
 	(*PushChunkResponse)(nil),    // 17: weft.v1.PushChunkResponse
 	(*ScrubRequest)(nil),         // 18: weft.v1.ScrubRequest
 	(*ScrubResponse)(nil),        // 19: weft.v1.ScrubResponse
+	(*UnrepairedChunk)(nil),      // 20: weft.v1.UnrepairedChunk
 }
 var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	0,  // 0: weft.v1.WriteChunkRequest.chunk:type_name -> weft.v1.ChunkID
@@ -1485,29 +1583,31 @@ var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	0,  // 5: weft.v1.FullChunk.chunk:type_name -> weft.v1.ChunkID
 	0,  // 6: weft.v1.ReadFullChunkRequest.chunk:type_name -> weft.v1.ChunkID
 	14, // 7: weft.v1.PushChunkRequest.chunk:type_name -> weft.v1.FullChunk
-	1,  // 8: weft.v1.Data.WriteChunk:input_type -> weft.v1.WriteChunkRequest
-	3,  // 9: weft.v1.Data.ReadChunk:input_type -> weft.v1.ReadChunkRequest
-	5,  // 10: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
-	7,  // 11: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
-	9,  // 12: weft.v1.Data.SyncFile:input_type -> weft.v1.SyncFileRequest
-	12, // 13: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
-	15, // 14: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
-	16, // 15: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
-	18, // 16: weft.v1.Data.Scrub:input_type -> weft.v1.ScrubRequest
-	2,  // 17: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
-	4,  // 18: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
-	6,  // 19: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
-	8,  // 20: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
-	10, // 21: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
-	13, // 22: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
-	14, // 23: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
-	17, // 24: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
-	19, // 25: weft.v1.Data.Scrub:output_type -> weft.v1.ScrubResponse
-	17, // [17:26] is the sub-list for method output_type
-	8,  // [8:17] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	20, // 8: weft.v1.ScrubResponse.unrepaired:type_name -> weft.v1.UnrepairedChunk
+	0,  // 9: weft.v1.UnrepairedChunk.chunk:type_name -> weft.v1.ChunkID
+	1,  // 10: weft.v1.Data.WriteChunk:input_type -> weft.v1.WriteChunkRequest
+	3,  // 11: weft.v1.Data.ReadChunk:input_type -> weft.v1.ReadChunkRequest
+	5,  // 12: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
+	7,  // 13: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
+	9,  // 14: weft.v1.Data.SyncFile:input_type -> weft.v1.SyncFileRequest
+	12, // 15: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
+	15, // 16: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
+	16, // 17: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
+	18, // 18: weft.v1.Data.Scrub:input_type -> weft.v1.ScrubRequest
+	2,  // 19: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
+	4,  // 20: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
+	6,  // 21: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
+	8,  // 22: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
+	10, // 23: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
+	13, // 24: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
+	14, // 25: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
+	17, // 26: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
+	19, // 27: weft.v1.Data.Scrub:output_type -> weft.v1.ScrubResponse
+	19, // [19:28] is the sub-list for method output_type
+	10, // [10:19] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_data_proto_init() }
@@ -1521,7 +1621,7 @@ func file_proto_weft_v1_data_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_data_proto_rawDesc), len(file_proto_weft_v1_data_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
