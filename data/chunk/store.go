@@ -247,6 +247,12 @@ func (t *Target) scan(root string) error {
 				if err != nil {
 					return t.ioError("scan chunks", err)
 				}
+				if info.Size() < headerSize {
+					// Created, and a crash came before its head was
+					// written: it never held anything.
+					t.fs.Remove(path)
+					continue
+				}
 				size := max(info.Size()-inlineDataOff, 0)
 				if size > MaxChunkSize {
 					size = t.lengthOf(path)

@@ -192,3 +192,53 @@ func TestBytesPastTheLengthAreIgnored(t *testing.T) {
 	want := append(append(append([]byte(nil), data...), make([]byte, 100)...), 'z')
 	checkChunk(t, tg, id, want)
 }
+
+// TestUnwrittenChunkFiles checks the files a crash right after a chunk's
+// create can leave: one shorter than a header is removed when the target
+// opens; one whose head was never written (its size or bytes reached the
+// disk, its head did not) is an empty chunk, not corruption.
+func TestUnwrittenChunkFiles(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open([]string{dir}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := s.Targets()[0]
+	short, zeroHead := ID{Ino: 0x21, Index: 0}, ID{Ino: 0x21, Index: 1}
+	for _, id := range []ID{short, zeroHead} {
+		if _, err := tg.Write(id, 1, 0, pattern(1, 1000), MaxChunkSize, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	if err := os.Truncate(tg.inlinePath(short), 10); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(tg.inlinePath(zeroHead), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(make([]byte, 4096), 0)
+	f.Close()
+	s, err = Open([]string{dir}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tg = s.Targets()[0]
+	if _, err := os.Stat(tg.inlinePath(short)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("file shorter than a header still there after open: %v", err)
+	}
+	if info, err := tg.Stat(zeroHead); err != nil || !info.Exists || info.Length != 0 || info.Version != 0 {
+		t.Errorf("chunk whose head was never written: %+v, %v; want an empty chunk", info, err)
+	}
+	if n, err := tg.Verify(zeroHead); err != nil || n != 0 {
+		t.Errorf("verify of a chunk whose head was never written: %d, %v", n, err)
+	}
+	if got, err := tg.Read(zeroHead, 0, 100); err != nil || len(got) != 0 {
+		t.Errorf("read: %d bytes, %v", len(got), err)
+	}
+	if u, _ := tg.Usage(); u.Chunks != 1 {
+		t.Errorf("usage: %+v, want one chunk left", u)
+	}
+}
