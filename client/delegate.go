@@ -567,10 +567,36 @@ func (c *Client) sendHeldData(ctx context.Context) {
 			c.log.Warn("sending the data of a file made here before its create failed; its close reports it", "ino", p.nf.Ino, "err", err)
 			continue
 		}
+		c.capCreate(p, p.in)
 		d.mu.Lock()
 		p.hold = false
 		d.mu.Unlock()
 	}
+}
+
+// capCreate cuts the length an unsent create carries (committed into it
+// by a time change while the bytes were buffered) at the first byte whose
+// write-back failed, so the meta service never gets a length covering
+// bytes the data servers lack; the flush of the file reports the loss.
+func (c *Client) capCreate(p *pendingCreate, in *inode) {
+	d := &c.deleg
+	d.mu.Lock() // before in.mu, as setAttrLocal
+	defer d.mu.Unlock()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.lost) == 0 {
+		return
+	}
+	first := in.lost[0].lo // nothing of the file is stored before its create
+	if p.sent || !p.nf.Committed || p.nf.Size <= first {
+		return
+	}
+	in.recordErrLocked(in.capErrorLocked(first, p.nf.Size))
+	p.nf.Size = first
+	if p.cur != nil {
+		p.cur.Size = first
+	}
+	in.metaSize = min(in.metaSize, first)
 }
 
 // createMany sends one batch of made files and delivers each outcome.
