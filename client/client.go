@@ -166,6 +166,8 @@ type Client struct {
 	// closedUnsynced remembers the chains of closed files with chunks
 	// written without sync (unsynced.go).
 	closedUnsynced closedFiles
+	// lostHook is told of files whose write-back failed (OnLostWrites).
+	lostHook atomic.Pointer[func(ino uint64)]
 
 	// buffered counts bytes in write buffers and in flight to data
 	// servers, over all inodes.
@@ -390,7 +392,7 @@ func (c *Client) FlushAll(ctx context.Context) error {
 	c.inodesMu.Unlock()
 	var errs []error
 	for _, in := range all {
-		if err := in.flush(ctx, true, nil); err != nil {
+		if err := in.flush(ctx, true, nil, false); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -271,7 +271,8 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 // the file afterwards sees them), stored in the memory of every live
 // replica, and on their disks with Config.CloseSync (README.md "The
 // durability contract"). It fails if a write-back error of the file was
-// not yet reported by this File's Flush or Fsync.
+// not yet reported by this File's Fsync (each close of the open file
+// reports it: dup and fork make several).
 func (f *File) Flush(ctx context.Context) error {
 	if p := f.pending; p != nil && !p.stored() && !p.written.Load() {
 		// Made here under a delegation and neither written nor read
@@ -279,23 +280,24 @@ func (f *File) Flush(ctx context.Context) error {
 		// file goes to the meta service within milliseconds.
 		return nil
 	}
-	return f.flush(ctx, f.c.cfg.CloseSync)
+	return f.flush(ctx, f.c.cfg.CloseSync, false)
 }
 
 // Fsync makes every write acknowledged before it durable (on the disks of
 // every live replica), and a file made under a delegation stored at the
-// meta service, before it returns. It fails if a write-back error of the
-// file was not yet reported by this File's Flush or Fsync.
+// meta service, before it returns. It fails, once, if a write-back error
+// of the file was not yet reported by this File's Fsync.
 func (f *File) Fsync(ctx context.Context) error {
-	return f.flush(ctx, true)
+	return f.flush(ctx, true, true)
 }
 
-// flush is Flush or Fsync: durable or not.
-func (f *File) flush(ctx context.Context, durable bool) error {
+// flush is Flush or Fsync: durable or not; advance moves the File's
+// cursor past the error it reports (Fsync).
+func (f *File) flush(ctx context.Context, durable, advance bool) error {
 	if p := f.pending; p.hasLayout() && f.in != nil {
 		// Its data may be out already: flush it first, so that its
 		// length can go with the create (inode.commitLocked).
-		if err := f.in.flush(ctx, durable, &f.seen); err != nil {
+		if err := f.in.flush(ctx, durable, &f.seen, advance); err != nil {
 			return err
 		}
 		return f.c.awaitCreate(ctx, p)
@@ -306,7 +308,7 @@ func (f *File) flush(ctx context.Context, durable bool) error {
 	if f.in == nil {
 		return nil
 	}
-	return f.in.flush(ctx, durable, &f.seen)
+	return f.in.flush(ctx, durable, &f.seen, advance)
 }
 
 // Release flushes the file as Flush does (its length is committed when
@@ -352,7 +354,7 @@ func (f *File) release(ctx context.Context, send func() error) error {
 	}
 	var err error
 	if f.in != nil {
-		err = f.in.flush(ctx, f.c.cfg.CloseSync, &f.seen)
+		err = f.in.flush(ctx, f.c.cfg.CloseSync, &f.seen, false)
 		f.in.mu.Lock()
 		last := f.in.opens == 1
 		f.in.mu.Unlock()

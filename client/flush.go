@@ -20,8 +20,11 @@ import (
 //
 // It returns the error of the flush itself (a commit refused, the caller
 // gone) or else the latest write-back error that seen (the File's cursor)
-// has not reported yet; nil seen reports an error nobody has seen.
-func (in *inode) flush(ctx context.Context, durable bool, seen *errCursor) error {
+// has not reported yet; nil seen reports an error nobody has seen. Only
+// an fsync (advance) moves the cursor past what it reports: a close is
+// one of possibly many of the open file (dup, fork: a child closes its
+// copies at exec), so each reports what no fsync of the file has.
+func (in *inode) flush(ctx context.Context, durable bool, seen *errCursor, advance bool) error {
 	in.mu.Lock()
 	p := in.pending
 	in.mu.Unlock()
@@ -41,17 +44,21 @@ func (in *inode) flush(ctx context.Context, durable bool, seen *errCursor) error
 		in.c.capCreate(p, in)
 		in.c.endFlush(p, err)
 	}
-	return in.report(err, seen)
+	return in.report(err, seen, advance)
 }
 
 // report is what a flush returns (see flush).
-func (in *inode) report(err error, seen *errCursor) error {
+func (in *inode) report(err error, seen *errCursor, advance bool) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	var werr error
-	if seen != nil {
+	switch {
+	case seen != nil && advance:
 		werr = in.takeErrLocked(&seen.sync)
-	} else if in.unseenErrLocked() {
+	case seen != nil:
+		cur := seen.sync
+		werr = in.takeErrLocked(&cur)
+	case in.unseenErrLocked():
 		in.errs.seen = true
 		werr = in.errs.err
 	}

@@ -163,6 +163,9 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 		in.unsynced[idx] = chain
 	}
 	in.mu.Unlock()
+	if err != nil {
+		in.c.noteLost(in.ino)
+	}
 	in.c.buffered.Add(-op.bytes)
 	op.err = err
 	close(op.done)

@@ -173,6 +173,19 @@ func (in *inode) capErrorLocked(barrier, end uint64) error {
 		in.ino, barrier, barrier, in.errs.err, end-barrier, end)
 }
 
+// OnLostWrites sets fn to be told of every file whose write-back failed
+// (in its own goroutine), so that a cache above the client (the kernel's
+// page cache of a mount) drops the file's pages: its lost bytes must read
+// as the error they are, not as what was written.
+func (c *Client) OnLostWrites(fn func(ino uint64)) { c.lostHook.Store(&fn) }
+
+// noteLost tells the OnLostWrites hook about ino.
+func (c *Client) noteLost(ino uint64) {
+	if fn := c.lostHook.Load(); fn != nil {
+		go (*fn)(ino)
+	}
+}
+
 // writeBackError wraps err of a failed send of chunk idx of the file.
 func writeBackError(ino, idx uint64, err error) error {
 	return fmt.Errorf("write back file %d chunk %d: %w", ino, idx, err)
