@@ -202,6 +202,7 @@ func (m *Manager) Health() Health {
 		h.Warnings = append(h.Warnings, w)
 	}
 
+	h.Warnings = append(h.Warnings, m.faultWarnings()...)
 	for _, id := range slices.Sorted(maps.Keys(m.targets)) {
 		if r := m.targets[id].report; r != nil && r.scrubErrors > 0 {
 			h.Warnings = append(h.Warnings, fmt.Sprintf(
