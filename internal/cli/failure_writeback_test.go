@@ -350,3 +350,51 @@ func writeSync(p string, data []byte) error {
 	}
 	return f.Close()
 }
+
+// TestCloseSyncOption: with --close-sync a close returns once the file's
+// chunk is on the data server's disk; without, once the server holds it
+// in memory. The kernel tells which (cachestat(2) on the chunk's file on
+// the data server's target, an ext4 disk here): no dirty or writeback
+// page right after a close with --close-sync, dirty pages without (small
+// writes are left to the kernel's write-back, which waits 30 s).
+func TestCloseSyncOption(t *testing.T) {
+	c := newFailCluster(t, 1, []string{"--stripe-count", "1"}, nil)
+	var st unix.Statfs_t
+	if err := unix.Statfs(c.data[0].dir, &st); err != nil || st.Type == unix.TMPFS_MAGIC {
+		t.Skipf("the data server's target must be on a disk to tell synced pages from dirty ones (statfs: %v)", err)
+	}
+	for _, tt := range []struct {
+		args      []string
+		wantDirty bool
+	}{
+		{[]string{"--close-sync"}, false},
+		{nil, true},
+		{[]string{"--close-sync=false"}, true},
+	} {
+		t.Run(strings.Join(append([]string{"mount"}, tt.args...), " "), func(t *testing.T) {
+			mnt := c.mount(tt.args...)
+			p := filepath.Join(mnt, fmt.Sprintf("closed-%d", c.mounts))
+			if err := os.WriteFile(p, pattern(p, 64<<10), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			chunk := filepath.Join(c.data[0].dir, chunkRel(inoOf(t, p), 0))
+			f, err := os.Open(chunk)
+			if err != nil {
+				t.Fatalf("the chunk's file on the data server: %v", err)
+			}
+			defer f.Close()
+			var cs unix.Cachestat_t
+			if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+				t.Skipf("cachestat: %v (Linux 6.5 or later)", err)
+			}
+			t.Logf("chunk file pages: %d cached, %d dirty, %d under write-back", cs.Cache, cs.Dirty, cs.Writeback)
+			if dirty := cs.Dirty+cs.Writeback > 0; dirty != tt.wantDirty {
+				t.Errorf("pages not on the disk right after the close: %d dirty, %d under write-back; want some: %v",
+					cs.Dirty, cs.Writeback, tt.wantDirty)
+			}
+			if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, pattern(p, 64<<10)) {
+				t.Errorf("read back: %v", err)
+			}
+		})
+	}
+}
