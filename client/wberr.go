@@ -168,8 +168,13 @@ func (in *inode) lostReadError(r byteRange) error {
 // capError is the error recorded when a flush commits a shorter length
 // than was written, because of lost bytes: the writes past them are not
 // visible.
+// It carries the errno of the loss (ENOSPC stays ENOSPC), else EIO.
 func (in *inode) capErrorLocked(barrier, end uint64) error {
-	return fserr.Wrap(syscall.EIO, "file %d keeps length %d: bytes from %d were lost when their write-back failed (%v), so the %d bytes written up to %d cannot be made visible; write the lost bytes again or truncate the file",
+	e, ok := fserr.Errno(in.errs.err)
+	if !ok || (e != syscall.ENOSPC && e != syscall.EDQUOT) {
+		e = syscall.EIO
+	}
+	return fserr.Wrap(e, "file %d keeps length %d: bytes from %d were lost when their write-back failed (%v), so the %d bytes written up to %d cannot be made visible; write the lost bytes again or truncate the file",
 		in.ino, barrier, barrier, in.errs.err, end-barrier, end)
 }
 

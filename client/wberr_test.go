@@ -284,3 +284,58 @@ func firstDifference(a, b []byte) int {
 	}
 	return min(len(a), len(b))
 }
+
+// TestLostRanges checks the lost byte ranges of an inode against a model
+// (a byte map) over random adds and clears: merged, sorted, and what
+// lostInLocked and barrierLocked report.
+func TestLostRanges(t *testing.T) {
+	const size = 4096
+	rnd := rand.New(rand.NewPCG(45, 46))
+	for round := range 200 {
+		in := &inode{metaSize: uint64(rnd.IntN(size))}
+		model := make([]bool, size)
+		for range 20 {
+			lo := uint64(rnd.IntN(size))
+			hi := min(lo+uint64(rnd.IntN(300)), size)
+			add := rnd.IntN(3) > 0
+			if add {
+				in.addLostLocked(lo, hi)
+			} else {
+				in.clearLostLocked(lo, hi)
+			}
+			for i := lo; i < hi; i++ {
+				model[i] = add
+			}
+		}
+		for i := 1; i < len(in.lost); i++ {
+			if in.lost[i-1].hi >= in.lost[i].lo {
+				t.Fatalf("round %d: ranges not merged or sorted: %v", round, in.lost)
+			}
+		}
+		barrier := ^uint64(0)
+		for i := in.metaSize; i < size; i++ {
+			if model[i] {
+				barrier = i
+				break
+			}
+		}
+		if got := in.barrierLocked(); got != barrier {
+			t.Fatalf("round %d: barrier %d, want %d (meta size %d, lost %v)", round, got, barrier, in.metaSize, in.lost)
+		}
+		for range 20 {
+			lo := uint64(rnd.IntN(size))
+			hi := min(lo+1+uint64(rnd.IntN(300)), size)
+			want := -1
+			for i := lo; i < hi; i++ {
+				if model[i] {
+					want = int(i)
+					break
+				}
+			}
+			r, ok := in.lostInLocked(lo, hi, nil, 0)
+			if ok != (want >= 0) || (ok && r.lo != uint64(want)) {
+				t.Fatalf("round %d: lostIn(%d, %d) = %v %v, want first lost byte %d", round, lo, hi, r, ok, want)
+			}
+		}
+	}
+}
