@@ -574,31 +574,6 @@ func (c *Client) sendHeldData(ctx context.Context) {
 	}
 }
 
-// capCreate cuts the length an unsent create carries (committed into it
-// by a time change while the bytes were buffered) at the first byte whose
-// write-back failed, so the meta service never gets a length covering
-// bytes the data servers lack; the flush of the file reports the loss.
-func (c *Client) capCreate(p *pendingCreate, in *inode) {
-	d := &c.deleg
-	d.mu.Lock() // before in.mu, as setAttrLocal
-	defer d.mu.Unlock()
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if len(in.lost) == 0 {
-		return
-	}
-	first := in.lost[0].lo // nothing of the file is stored before its create
-	if p.sent || !p.nf.Committed || p.nf.Size <= first {
-		return
-	}
-	in.recordErrLocked(in.capErrorLocked(first, p.nf.Size))
-	p.nf.Size = first
-	if p.cur != nil {
-		p.cur.Size = first
-	}
-	in.metaSize = min(in.metaSize, first)
-}
-
 // createMany sends one batch of made files and delivers each outcome.
 // It runs in the background (the files' creators wait on them, not on
 // the caller's context), retrying while the meta service is unreachable.

@@ -191,6 +191,31 @@ func (c *Client) noteLost(ino uint64) {
 	}
 }
 
+// capCreate cuts the length an unsent create carries (committed into it
+// by a time change while the bytes were buffered) at the first byte whose
+// write-back failed, so the meta service never gets a length covering
+// bytes the data servers lack; the flush of the file reports the loss.
+func (c *Client) capCreate(p *pendingCreate, in *inode) {
+	d := &c.deleg
+	d.mu.Lock() // before in.mu, as setAttrLocal
+	defer d.mu.Unlock()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.lost) == 0 {
+		return
+	}
+	first := in.lost[0].lo // nothing of the file is stored before its create
+	if p.sent || !p.nf.Committed || p.nf.Size <= first {
+		return
+	}
+	in.recordErrLocked(in.capErrorLocked(first, p.nf.Size))
+	p.nf.Size = first
+	if p.cur != nil {
+		p.cur.Size = first
+	}
+	in.metaSize = min(in.metaSize, first)
+}
+
 // writeBackError wraps err of a failed send of chunk idx of the file.
 func writeBackError(ino, idx uint64, err error) error {
 	return fmt.Errorf("write back file %d chunk %d: %w", ino, idx, err)
