@@ -395,6 +395,12 @@ func (c *Client) FlushAll(ctx context.Context) error {
 		if err := in.flush(ctx, true, nil, false); err != nil {
 			errs = append(errs, err)
 		}
+		in.mu.Lock()
+		closed := in.opens <= 0
+		in.mu.Unlock()
+		if closed {
+			in.settleLost(ctx) // its last close could not cut it
+		}
 	}
 	return errors.Join(errs...)
 }
