@@ -205,13 +205,14 @@ func (t *chainTable) close() {
 }
 
 // dataError keeps the errnos a data server may mean for the application
-// (no space, quota, I/O error, file too big, read-only) and turns any other
-// into EIO: an errno of the server's own files (say EBADF) would mislead
-// the caller about its own descriptors.
+// (no space, quota, I/O error, file too big) and turns any other into
+// EIO: an errno of the server's own files (say EBADF, or EROFS of its
+// disk) would mislead the caller about its own descriptors or file
+// system.
 func dataError(what, addr string, err error) error {
 	if e, ok := fserr.Errno(err); ok {
 		switch e {
-		case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EFBIG, syscall.EROFS:
+		case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EFBIG:
 			return err
 		}
 	} else if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

@@ -115,6 +115,13 @@ type Config struct {
 	// attribute changes go with their creates; it is also how long an
 	// empty file closed without I/O may go unsent.
 	CreateSendDelay time.Duration
+	// CloseSync makes a close wait until the file's data is on the disks
+	// of every live replica (fdatasync), as an fsync does. Without it a
+	// close waits until every live replica has the data in its memory:
+	// it survives the crash of any process and, with replicas 2 or more,
+	// the loss of any one machine, and an fsync makes it durable on disk
+	// (README.md "The durability contract").
+	CloseSync bool
 	// SerialCloses makes the close of a small file made under a
 	// delegation send its data and then its create, one after the other,
 	// instead of both at once with the meta service keeping a record
@@ -156,6 +163,11 @@ type Client struct {
 
 	inodesMu sync.Mutex
 	inodes   map[uint64]*inode
+	// closedUnsynced remembers the chains of closed files with chunks
+	// written without sync (unsynced.go).
+	closedUnsynced closedFiles
+	// lostHook is told of files whose write-back failed (OnLostWrites).
+	lostHook atomic.Pointer[func(ino uint64)]
 
 	// buffered counts bytes in write buffers and in flight to data
 	// servers, over all inodes.
@@ -380,8 +392,14 @@ func (c *Client) FlushAll(ctx context.Context) error {
 	c.inodesMu.Unlock()
 	var errs []error
 	for _, in := range all {
-		if err := in.flush(ctx, true); err != nil {
+		if err := in.flush(ctx, true, nil, false); err != nil {
 			errs = append(errs, err)
+		}
+		in.mu.Lock()
+		closed := in.opens <= 0
+		in.mu.Unlock()
+		if closed {
+			in.settleLost(ctx) // its last close could not cut it
 		}
 	}
 	return errors.Join(errs...)

@@ -347,8 +347,18 @@ func TestDataServerDown(t *testing.T) {
 		t.Errorf("flush took %v to fail", d)
 	}
 	t.Logf("flush error: %v", err)
+	// A close reports it until an fsync of the file has, once.
+	if err := f.Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Errorf("second close before any fsync: %v, want EIO", err)
+	}
+	if err := f.Fsync(ctx); !errors.Is(err, syscall.EIO) {
+		t.Errorf("first fsync: %v, want EIO", err)
+	}
+	if err := f.Fsync(ctx); err != nil {
+		t.Errorf("the error was reported twice to fsync: %v", err)
+	}
 	if err := f.Flush(ctx); err != nil {
-		t.Errorf("the error was reported twice: %v", err)
+		t.Errorf("close after an fsync reported the error: %v", err)
 	}
 	f.Release(ctx)
 }

@@ -73,9 +73,12 @@ func countingClient(t *testing.T, tc *testCluster, cfg Config) (*Client, *dataCo
 	return c, counts
 }
 
-// TestCloseSyncsWithLastWrite checks that close sends the last write of
-// each buffered chunk with sync and calls SyncFile only for chains holding
-// chunks sent earlier without sync.
+// TestCloseSyncsWithLastWrite checks what a close sends. With
+// Config.CloseSync it sends the last write of each buffered chunk with
+// sync and calls SyncFile only for chains holding chunks sent earlier
+// without sync. Without (the default) it syncs nothing, and an fsync
+// through a later open of the file syncs every chain the closed file
+// wrote without sync.
 func TestCloseSyncsWithLastWrite(t *testing.T) {
 	const cs = 1 << 20
 	layout := &weftv1.Layout{ChunkSize: cs, StripeCount: 2, Replicas: 1}
@@ -85,53 +88,76 @@ func TestCloseSyncsWithLastWrite(t *testing.T) {
 		writes        [][2]int // offset, length
 		wantSyncWrite int64
 		wantSyncFile  int64
+		chains        int64 // chains written
 	}{
-		{"partial chunks on two chains", [][2]int{{0, 100 << 10}, {cs, 100 << 10}}, 2, 0},
-		{"two extents in one chunk", [][2]int{{0, 10 << 10}, {500 << 10, 10 << 10}}, 1, 0},
-		{"full chunk sent in the background", [][2]int{{0, cs}, {cs, 100 << 10}}, 1, 1},
-		{"only full chunks", [][2]int{{0, 2 * cs}}, 0, 2},
+		{"partial chunks on two chains", [][2]int{{0, 100 << 10}, {cs, 100 << 10}}, 2, 0, 2},
+		{"two extents in one chunk", [][2]int{{0, 10 << 10}, {500 << 10, 10 << 10}}, 1, 0, 1},
+		{"full chunk sent in the background", [][2]int{{0, cs}, {cs, 100 << 10}}, 1, 1, 2},
+		{"only full chunks", [][2]int{{0, 2 * cs}}, 0, 2, 2},
 	}
 	rnd := rand.New(rand.NewPCG(7, 8))
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ctx := context.Background()
-			c, counts := countingClient(t, tc, Config{})
-			name := "sync-" + tt.name
-			f := create(t, c, name, syscall.O_WRONLY)
-			var model []byte
-			for _, w := range tt.writes {
-				p := randomBytes(rnd, w[1])
-				if _, err := f.WriteAt(ctx, p, int64(w[0])); err != nil {
+	for _, closeSync := range []bool{true, false} {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%s/close-sync=%v", tt.name, closeSync), func(t *testing.T) {
+				ctx := context.Background()
+				c, counts := countingClient(t, tc, Config{CloseSync: closeSync})
+				name := fmt.Sprintf("sync-%s-%v", tt.name, closeSync)
+				f := create(t, c, name, syscall.O_WRONLY)
+				var model []byte
+				for _, w := range tt.writes {
+					p := randomBytes(rnd, w[1])
+					if _, err := f.WriteAt(ctx, p, int64(w[0])); err != nil {
+						t.Fatal(err)
+					}
+					if end := w[0] + w[1]; end > len(model) {
+						model = append(model, make([]byte, end-len(model))...)
+					}
+					copy(model[w[0]:], p)
+				}
+				if err := f.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if end := w[0] + w[1]; end > len(model) {
-					model = append(model, make([]byte, end-len(model))...)
+				wantWrite, wantFile := tt.wantSyncWrite, tt.wantSyncFile
+				if !closeSync {
+					wantWrite, wantFile = 0, 0
 				}
-				copy(model[w[0]:], p)
-			}
-			if err := f.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if got := counts.syncWrites.Load(); got != tt.wantSyncWrite {
-				t.Errorf("writes with sync: %d, want %d (of %d writes)", got, tt.wantSyncWrite, counts.writes.Load())
-			}
-			if got := counts.syncFiles.Load(); got != tt.wantSyncFile {
-				t.Errorf("SyncFile requests: %d, want %d", got, tt.wantSyncFile)
-			}
-			g, _ := open(t, c, name, syscall.O_RDONLY)
-			defer g.Release(ctx)
-			if got := readAll(t, g, len(model), 128<<10); !bytes.Equal(got, model) {
-				t.Fatal("file reads back wrong")
-			}
-			// Nothing written since: a second close syncs nothing.
-			before := counts.syncFiles.Load() + counts.syncWrites.Load()
-			if err := g.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if after := counts.syncFiles.Load() + counts.syncWrites.Load(); after != before {
-				t.Errorf("flush without writes sent %d syncs", after-before)
-			}
-		})
+				if got := counts.syncWrites.Load(); got != wantWrite {
+					t.Errorf("writes with sync: %d, want %d (of %d writes)", got, wantWrite, counts.writes.Load())
+				}
+				if got := counts.syncFiles.Load(); got != wantFile {
+					t.Errorf("SyncFile requests: %d, want %d", got, wantFile)
+				}
+				g, _ := open(t, c, name, syscall.O_RDONLY)
+				defer g.Release(ctx)
+				if got := readAll(t, g, len(model), 128<<10); !bytes.Equal(got, model) {
+					t.Fatal("file reads back wrong")
+				}
+				// An fsync through the new open syncs what the closed one
+				// left unsynced, once.
+				before := counts.syncFiles.Load()
+				if err := g.Fsync(ctx); err != nil {
+					t.Fatal(err)
+				}
+				want := int64(0)
+				if !closeSync {
+					want = tt.chains
+				}
+				if got := counts.syncFiles.Load() - before; got != want {
+					t.Errorf("fsync after a close without sync sent %d SyncFile requests, want %d", got, want)
+				}
+				// Nothing written since: another flush and fsync sync nothing.
+				before = counts.syncFiles.Load() + counts.syncWrites.Load()
+				if err := g.Flush(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Fsync(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if after := counts.syncFiles.Load() + counts.syncWrites.Load(); after != before {
+					t.Errorf("flush without writes sent %d syncs", after-before)
+				}
+			})
+		}
 	}
 }
 

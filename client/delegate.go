@@ -567,6 +567,7 @@ func (c *Client) sendHeldData(ctx context.Context) {
 			c.log.Warn("sending the data of a file made here before its create failed; its close reports it", "ino", p.nf.Ino, "err", err)
 			continue
 		}
+		c.capCreate(p, p.in)
 		d.mu.Lock()
 		p.hold = false
 		d.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -31,6 +32,9 @@ type File struct {
 	// pending is set for a file made here under a create delegation: its
 	// data and attributes wait until the meta service has it.
 	pending *pendingCreate
+	// seen is how far this file has reported its inode's write-back
+	// errors (wberr.go); guarded by in.mu.
+	seen errCursor
 }
 
 // Ino returns the file's inode number.
@@ -102,7 +106,13 @@ func (c *Client) newFile(attr *weftv1.Attr, flags uint32, sess string, caller *w
 // file that is not regular) already counts the open, and counts it open.
 func (c *Client) fileOf(ino uint64, in *inode, flags uint32, sess string, caller *weftv1.Caller) *File {
 	c.opens.add(ino)
-	return &File{c: c, ino: ino, flags: flags, session: sess, caller: caller, in: in}
+	f := &File{c: c, ino: ino, flags: flags, session: sess, caller: caller, in: in}
+	if in != nil {
+		in.mu.Lock()
+		f.seen = in.sampleErrLocked()
+		in.mu.Unlock()
+	}
+	return f
 }
 
 // acquire returns the shared state of a regular file and counts one more
@@ -116,8 +126,8 @@ func (c *Client) acquire(attr *weftv1.Attr) *inode {
 			c: c, ino: attr.Ino,
 			dirty:    make(map[uint64]*chunkBuf),
 			inflight: make(map[uint64]*sendOp),
-			unsynced: make(map[uint64]uint64),
 		}
+		in.unsynced, in.syncAll = c.closedUnsynced.take(attr.Ino)
 		c.inodes[attr.Ino] = in
 	}
 	in.mu.Lock()
@@ -147,8 +157,12 @@ func (c *Client) dropRef(in *inode) {
 		// path's) go back now.
 		in.dropReadAheadLocked()
 	}
-	if in.opens <= 0 && len(in.dirty) == 0 && len(in.inflight) == 0 && !in.writtenLocked() && in.err == nil {
+	if in.opens <= 0 && len(in.dirty) == 0 && len(in.inflight) == 0 && !in.writtenLocked() &&
+		len(in.lost) == 0 && !in.unseenErrLocked() {
 		delete(c.inodes, in.ino)
+		// Written without sync (closed without Config.CloseSync): a
+		// later fsync of the file, through another open, syncs them.
+		c.closedUnsynced.put(in.ino, in.unsynced)
 	}
 }
 
@@ -194,8 +208,9 @@ func (f *File) ReadView(ctx context.Context, p []byte, off int64) ([]byte, func(
 // WriteAt buffers p at offset off (at the end of the file for a file
 // opened with O_APPEND) and returns len(p). The data reaches the data
 // servers when a chunk fills, when the client's buffer limit is reached,
-// or at Flush, Fsync or Release; an error of such a background send is
-// returned by the next WriteAt, Flush or Fsync.
+// or at Flush, Fsync or Release. A background send that fails loses its
+// bytes; each File of the inode reports it once at its next WriteAt
+// (which then writes nothing) and once at its next Flush or Fsync.
 func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
@@ -209,7 +224,7 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
 	}
-	at, err := f.in.write(p, uint64(off), f.flags&syscall.O_APPEND != 0, f.caller)
+	at, err := f.in.write(p, uint64(off), f.flags&syscall.O_APPEND != 0, f.caller, &f.seen)
 	if err != nil {
 		return 0, err
 	}
@@ -251,9 +266,13 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 	}
 }
 
-// Flush sends the file's buffered writes, makes them durable and commits
-// the length and mtime (close-to-open: another client that opens the file
-// afterwards sees them). It reports an earlier background send's error.
+// Flush is the flush of a close: it sends the file's buffered writes and
+// commits the length and mtime (close-to-open: another client that opens
+// the file afterwards sees them), stored in the memory of every live
+// replica, and on their disks with Config.CloseSync (README.md "The
+// durability contract"). It fails if a write-back error of the file was
+// not yet reported by this File's Fsync (each close of the open file
+// reports it: dup and fork make several).
 func (f *File) Flush(ctx context.Context) error {
 	if p := f.pending; p != nil && !p.stored() && !p.written.Load() {
 		// Made here under a delegation and neither written nor read
@@ -261,16 +280,24 @@ func (f *File) Flush(ctx context.Context) error {
 		// file goes to the meta service within milliseconds.
 		return nil
 	}
-	return f.Fsync(ctx)
+	return f.flush(ctx, f.c.cfg.CloseSync, false)
 }
 
-// Fsync makes every write acknowledged before it durable, and a file made
-// under a delegation stored at the meta service, before it returns.
+// Fsync makes every write acknowledged before it durable (on the disks of
+// every live replica), and a file made under a delegation stored at the
+// meta service, before it returns. It fails, once, if a write-back error
+// of the file was not yet reported by this File's Fsync.
 func (f *File) Fsync(ctx context.Context) error {
+	return f.flush(ctx, true, true)
+}
+
+// flush is Flush or Fsync: durable or not; advance moves the File's
+// cursor past the error it reports (Fsync).
+func (f *File) flush(ctx context.Context, durable, advance bool) error {
 	if p := f.pending; p.hasLayout() && f.in != nil {
 		// Its data may be out already: flush it first, so that its
 		// length can go with the create (inode.commitLocked).
-		if err := f.in.flush(ctx, true); err != nil {
+		if err := f.in.flush(ctx, durable, &f.seen, advance); err != nil {
 			return err
 		}
 		return f.c.awaitCreate(ctx, p)
@@ -281,13 +308,15 @@ func (f *File) Fsync(ctx context.Context) error {
 	if f.in == nil {
 		return nil
 	}
-	return f.in.flush(ctx, true)
+	return f.in.flush(ctx, durable, &f.seen, advance)
 }
 
-// Release flushes the file (its data is durable and its length committed
-// when Release returns) and closes it with the meta service in the
+// Release flushes the file as Flush does (its length is committed when
+// Release returns) and closes it with the meta service in the
 // background: the open record only keeps an unlinked file's data, and
 // its removal needs no one to wait (see README.md "Background release").
+// At the file's last close on this client, writes kept past bytes that
+// were lost are given up (the file is cut there).
 // Close waits for queued releases. Calling it again does nothing.
 func (f *File) Release(ctx context.Context) error {
 	return f.release(ctx, func() error {
@@ -325,7 +354,13 @@ func (f *File) release(ctx context.Context, send func() error) error {
 	}
 	var err error
 	if f.in != nil {
-		err = f.in.flush(ctx, true)
+		err = f.in.flush(ctx, f.c.cfg.CloseSync, &f.seen, false)
+		f.in.mu.Lock()
+		last := f.in.opens == 1
+		f.in.mu.Unlock()
+		if last {
+			f.in.settleLost(ctx)
+		}
 		f.c.dropRef(f.in)
 	}
 	if rerr := send(); rerr != nil && err == nil {
@@ -368,13 +403,14 @@ func (f *File) Fallocate(ctx context.Context, mode uint32, off, length uint64) e
 func (f *File) grow(ctx context.Context, size uint64) error {
 	in := f.in
 	in.mu.Lock()
-	cur, err := in.sizeLocked(), in.err
+	cur, barrier := in.sizeLocked(), in.barrierLocked()
 	in.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	if size <= cur {
 		return nil
+	}
+	if size > barrier {
+		return fserr.Wrap(syscall.EIO, "grow file %d to %d bytes: bytes from %d were lost when their write-back failed; write them again or truncate the file first",
+			f.ino, size, barrier)
 	}
 	in.commitMu.Lock()
 	defer in.commitMu.Unlock()
@@ -403,7 +439,7 @@ func (f *File) zero(ctx context.Context, off, length uint64) error {
 	zeros := make([]byte, min(end-min(off, end), 1<<20))
 	for pos := off; pos < end; {
 		n := min(uint64(len(zeros)), end-pos)
-		if _, err := in.write(zeros[:n], pos, false, f.caller); err != nil {
+		if _, err := in.write(zeros[:n], pos, false, f.caller, nil); err != nil {
 			return err
 		}
 		f.c.relieve(ctx, in, pos, n)

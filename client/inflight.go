@@ -48,7 +48,7 @@ func (c *Client) inFlightSafeFor() time.Duration {
 // not sent yet, when all its bytes are in its first chunk: the data and
 // the create go at once. done is false when the file does not qualify
 // (the caller flushes it the usual way).
-func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool, err error) {
+func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate, durable bool) (done bool, err error) {
 	c := in.c
 	if !p.hasLayout() || c.cfg.SerialCloses {
 		return false, nil
@@ -57,7 +57,7 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	defer in.commitMu.Unlock()
 	in.mu.Lock()
 	seq, size, mtime, written := in.writeSeq, in.localEnd, in.mtimeNs, in.writtenLocked()
-	ok := in.pending == p && in.err == nil && len(in.unsynced) == 0
+	ok := in.pending == p && len(in.lost) == 0 && len(in.unsynced) == 0
 	in.mu.Unlock()
 	if !ok {
 		return false, nil
@@ -88,7 +88,15 @@ func (in *inode) flushInFlight(ctx context.Context, p *pendingCreate) (done bool
 	sentAt := time.Now()
 	created := make(chan error, 1)
 	go func() { created <- c.awaitCreate(ctx, p) }()
-	dataErr := in.sendDurably(ctx)
+	in.mu.Lock()
+	errsBefore := in.errs.seq
+	in.mu.Unlock()
+	dataErr := in.sendDurably(ctx, durable)
+	in.mu.Lock()
+	if dataErr == nil && (len(in.lost) > 0 || in.errs.seq != errsBefore) {
+		dataErr = in.errs.err // the send or the sync failed (recorded; the close reports it)
+	}
+	in.mu.Unlock()
 	dataOK := dataErr == nil && time.Since(sentAt) <= c.inFlightSafeFor()
 	if err := <-created; err != nil {
 		if !p.stored() {

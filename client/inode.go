@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"syscall"
@@ -18,8 +17,9 @@ import (
 // inode is the client's state of one open regular file, shared by every
 // File of that inode opened through the same Client: the write-back
 // buffer, the sends in flight, the size as this client knows it, and the
-// error of a failed background send, reported by the next write, flush or
-// fsync (as NFS does).
+// failed background sends (wberr.go): their errors, reported once to
+// each File's next write and next fsync or close, and the bytes they
+// lost.
 type inode struct {
 	c   *Client
 	ino uint64
@@ -40,7 +40,12 @@ type inode struct {
 	dirty       map[uint64]*chunkBuf
 	inflight    map[uint64]*sendOp // latest send per chunk index
 	unsynced    map[uint64]uint64  // chunk index -> chain, written without sync since its chain's last SyncFile
-	err         error              // failed background send, not yet reported
+	// syncAll: chunks of the file may have been written without sync by
+	// an earlier open and forgotten (unsynced.go): the next durable flush
+	// syncs every chain of the layout.
+	syncAll bool
+	errs    errSeq      // failed write-backs, reported once to each File (wberr.go)
+	lost    []byteRange // bytes whose write-back failed, sorted, not overlapping
 
 	localEnd     uint64 // end of the furthest write not yet committed
 	writeSeq     uint64 // counts writes
@@ -99,8 +104,9 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 	var err error
 	// Small extents (scattered small writes) go together as writes of
 	// pieces; large ones each as a write of its own, straight from its
-	// buffer. The last request carries sync.
-	var small, large []extent
+	// buffer. The last request carries sync. failed is the extents not
+	// stored: those of the request that failed and of the ones after it.
+	var small, large, failed []extent
 	for _, e := range buf.extents {
 		if len(e.data) < minArenaExtent && len(buf.extents) > 1 {
 			small = append(small, e)
@@ -108,18 +114,31 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 			large = append(large, e)
 		}
 	}
-	for i := 0; i < len(small) && err == nil; i += maxPiecesPerWrite {
+	for i := 0; i < len(small); i += maxPiecesPerWrite {
 		group := small[i:min(i+maxPiecesPerWrite, len(small))]
-		last := sync && len(large) == 0 && i+len(group) == len(small)
-		err = in.c.writeChunkPieces(in.c.bg, in.ino, layout, idx, group, last)
+		if err == nil {
+			last := sync && len(large) == 0 && i+len(group) == len(small)
+			err = in.c.writeChunkPieces(in.c.bg, in.ino, layout, idx, group, last)
+		}
+		if err != nil {
+			failed = append(failed, group...)
+		}
 	}
 	for i, e := range large {
-		if err != nil {
-			break
+		if err == nil {
+			err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, sync && i == len(large)-1)
 		}
-		err = in.c.writeChunk(in.c.bg, in.ino, layout, idx, e.off, e.data, sync && i == len(large)-1)
+		if err != nil {
+			failed = append(failed, e)
+		}
 	}
 	in.mu.Lock()
+	base := idx * uint64(layout.GetChunkSize())
+	for _, e := range buf.extents {
+		// Stored (or about to be marked lost again below): a failed
+		// send's bytes written again are no longer lost.
+		in.clearLostLocked(base+e.off, base+e.end())
+	}
 	// Readers overlay the bytes of sends still in flight (overlayLocked):
 	// they go back under the mutex, once nobody can reach them.
 	buf.release() // the lean data path keeps what a server may still read
@@ -128,10 +147,13 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 		delete(in.inflight, idx)
 	}
 	if err != nil {
-		if in.err == nil {
-			in.err = fmt.Errorf("write back file %d chunk %d: %w", in.ino, idx, err)
+		for _, e := range failed {
+			// Sends of a chunk are ordered: a later send of these bytes,
+			// written again meanwhile, clears them when it is stored.
+			in.addLostLocked(base+e.off, base+e.end())
 		}
-		in.c.log.Error("write-back of buffered data failed; the next write, fsync or close of the file reports it",
+		in.recordErrLocked(writeBackError(in.ino, idx, err))
+		in.c.log.Error("write-back of buffered data failed; its bytes are lost: the next write, and the next fsync or close, of each open file reports it",
 			"ino", in.ino, "chunk", idx, "err", err)
 	} else if sync {
 		// The synced write came after every earlier send of the chunk
@@ -141,6 +163,9 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 		in.unsynced[idx] = chain
 	}
 	in.mu.Unlock()
+	if err != nil {
+		in.c.noteLost(in.ino)
+	}
 	in.c.buffered.Add(-op.bytes)
 	op.err = err
 	close(op.done)
@@ -148,11 +173,13 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 
 // write buffers p at file offset off (or at the end of the file as this
 // client knows it, for appendMode) and returns the offset used.
-func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Caller) (uint64, error) {
+func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Caller, seen *errCursor) (uint64, error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.err != nil {
-		return off, in.err
+	if seen != nil {
+		if err := in.takeErrLocked(&seen.write); err != nil {
+			return off, err
+		}
 	}
 	if err := checkLayout(in.ino, in.layout); err != nil {
 		return off, err
@@ -174,8 +201,12 @@ func (in *inode) write(p []byte, off uint64, appendMode bool, caller *weftv1.Cal
 			in.startSendLocked(s.index, buf, false)
 		}
 	}
+	in.clearLostLocked(off, off+uint64(len(p)))
 	in.localEnd = max(in.localEnd, off+uint64(len(p)))
 	in.writeSeq++
+	if len(in.lost) > 0 && off+uint64(len(p)) > in.barrierLocked() {
+		in.errs.pastAt = in.writeSeq
+	}
 	in.mtimeNs = time.Now().UnixNano()
 	if caller != nil {
 		in.caller = caller
@@ -242,198 +273,6 @@ func waitOps(ctx context.Context, ops []*sendOp) error {
 	return nil
 }
 
-// flush sends every buffered write. When final (flush, fsync, release) it
-// sends the last write of each buffered chunk with sync, makes the chains
-// holding chunks written earlier without sync durable (SyncFile), commits
-// the length and mtime to the meta service, and returns (and forgets) the
-// error of an earlier failed background send.
-func (in *inode) flush(ctx context.Context, final bool) error {
-	if final {
-		in.mu.Lock()
-		p := in.pending
-		in.mu.Unlock()
-		if p != nil {
-			if done, err := in.flushInFlight(ctx, p); done {
-				return err
-			}
-			// A create not sent yet waits for the flush, which sends it
-			// with the file's length.
-			in.c.beginFlush(p)
-			err := in.flushData(ctx, final)
-			in.c.endFlush(p, err)
-			return err
-		}
-	}
-	return in.flushData(ctx, final)
-}
-
-// flushData is flush without the hold of an unsent create.
-func (in *inode) flushData(ctx context.Context, final bool) error {
-	if !final {
-		return in.sendAll(ctx, false)
-	}
-	if err := in.sendDurably(ctx); err != nil {
-		return err
-	}
-	return in.commit(ctx)
-}
-
-// sendDurably sends every buffered write, the last of each chunk with
-// sync, and makes the chains holding chunks written earlier without sync
-// durable (SyncFile); it returns (and forgets) the error of an earlier
-// failed background send.
-func (in *inode) sendDurably(ctx context.Context) error {
-	if err := in.sendAll(ctx, true); err != nil {
-		return err
-	}
-	in.mu.Lock()
-	err := in.err
-	in.err = nil
-	if err == nil && len(in.unsynced) == 0 {
-		// Nothing sent without sync since the last flush (a file only
-		// read, or whose last writes went with sync).
-		in.mu.Unlock()
-		return nil
-	}
-	taken := maps.Clone(in.unsynced)
-	clear(in.unsynced)
-	in.mu.Unlock()
-	if err != nil {
-		in.restoreUnsynced(taken)
-		return err
-	}
-	seen := make(map[uint64]bool)
-	var chains []uint64
-	for _, ch := range taken {
-		if !seen[ch] {
-			seen[ch] = true
-			chains = append(chains, ch)
-		}
-	}
-	slices.Sort(chains)
-	if err := in.syncChains(ctx, chains); err != nil {
-		in.restoreUnsynced(taken)
-		return err
-	}
-	return nil
-}
-
-// restoreUnsynced puts back chunks whose sync did not happen.
-func (in *inode) restoreUnsynced(taken map[uint64]uint64) {
-	in.mu.Lock()
-	maps.Copy(in.unsynced, taken)
-	in.mu.Unlock()
-}
-
-// syncChains makes the file's chunks on the given chains durable, in
-// parallel.
-func (in *inode) syncChains(ctx context.Context, chains []uint64) error {
-	errs := make([]error, len(chains))
-	var wg sync.WaitGroup
-	for i, ch := range chains {
-		wg.Go(func() {
-			errs[i] = in.c.onChain(ctx, ch, fmt.Sprintf("sync file %d", in.ino),
-				func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
-					_, err := dc.SyncFile(ctx, &weftv1.SyncFileRequest{Ino: in.ino, ChainId: ch, ChainVersion: version})
-					return err
-				})
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// commit records the length and mtime of the writes made so far with the
-// meta service, if there are any not yet committed.
-func (in *inode) commit(ctx context.Context) error {
-	in.commitMu.Lock()
-	defer in.commitMu.Unlock()
-	return in.commitLocked(ctx)
-}
-
-// commitLocked is commit with in.commitMu held.
-func (in *inode) commitLocked(ctx context.Context) error {
-	in.mu.Lock()
-	if !in.writtenLocked() {
-		in.mu.Unlock()
-		return nil
-	}
-	seq, size, mtime, caller, p := in.writeSeq, in.localEnd, in.mtimeNs, in.caller, in.pending
-	in.mu.Unlock()
-	var attr *weftv1.Attr
-	if p != nil {
-		folded := !p.stored() && in.c.foldCommit(p, size, mtime)
-		if err := in.c.awaitCreate(ctx, p); err != nil {
-			return err
-		}
-		in.mu.Lock()
-		in.pending = nil
-		in.mu.Unlock()
-		if folded {
-			attr = p.attr
-		}
-	}
-	if attr == nil {
-		in.c.cb.commits.Add(1)
-		resp, err := in.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
-		if err != nil {
-			return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
-		}
-		attr = resp.GetAttr()
-	}
-	in.mu.Lock()
-	in.metaSize, in.metaMtimeNs = attr.GetSize(), attr.GetMtimeNs()
-	in.attrGen++
-	if in.writeSeq == seq {
-		in.committedSeq = seq
-		in.localEnd = 0
-	}
-	in.mu.Unlock()
-	return nil
-}
-
-// prepareTruncate drops buffered bytes at or past size, sends the rest and
-// commits the length written so far, so that the meta service's truncate
-// of the chunks that follows sees every earlier write. The caller holds
-// in.commitMu until the truncate is done.
-func (in *inode) prepareTruncate(ctx context.Context, size uint64) error {
-	in.mu.Lock()
-	if in.layout != nil && in.layout.ChunkSize > 0 {
-		cs := uint64(in.layout.ChunkSize)
-		for idx, buf := range in.dirty {
-			start := idx * cs
-			switch {
-			case start >= size:
-				in.c.buffered.Add(-buf.size)
-				delete(in.dirty, idx)
-				buf.release()
-			case start+cs > size:
-				in.c.buffered.Add(-buf.truncate(size - start))
-				if buf.size == 0 {
-					delete(in.dirty, idx)
-				}
-			}
-		}
-	}
-	in.localEnd = min(in.localEnd, size)
-	in.dropReadAheadLocked()
-	in.mu.Unlock()
-	if err := in.sendAll(ctx, false); err != nil {
-		return err
-	}
-	return in.commitLocked(ctx)
-}
-
-// truncated records the length the meta service reported after a truncate.
-func (in *inode) truncated(size uint64) {
-	in.mu.Lock()
-	in.metaSize = size
-	in.localEnd = min(in.localEnd, size)
-	in.dropReadAheadLocked()
-	in.attrGen++
-	in.mu.Unlock()
-}
-
 // read fills p from file offset off, clipped to the file's size; it
 // returns the number of bytes read (0 at or past the end).
 func (in *inode) read(ctx context.Context, p []byte, off uint64) (int, error) {
@@ -496,11 +335,18 @@ func (in *inode) planRead(want int, off uint64) (sp []span, layout *weftv1.Layou
 	n = min(uint64(want), size-off)
 	sp = spans(off, n, uint64(layout.ChunkSize))
 	for i, s := range sp {
-		if o := in.overlayLocked(s.index, s.off, s.off+s.n); o != nil {
+		o := in.overlayLocked(s.index, s.off, s.off+s.n)
+		if o != nil {
 			if ov == nil {
 				ov = make([][]extent, len(sp))
 			}
 			ov[i] = o
+		}
+		if len(in.lost) > 0 {
+			base := s.index * uint64(layout.ChunkSize)
+			if r, ok := in.lostInLocked(base+s.off, base+s.off+s.n, o, base); ok {
+				return nil, nil, 0, nil, in.lostReadError(r)
+			}
 		}
 	}
 	in.readAheadLocked(layout, size, off, n)

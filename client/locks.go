@@ -122,7 +122,7 @@ func (c *Client) flushInode(ctx context.Context, ino uint64) error {
 	if in == nil {
 		return nil
 	}
-	return in.flush(ctx, true)
+	return in.flush(ctx, in.c.cfg.CloseSync, nil, false)
 }
 
 // dropReadAhead forgets what the client read ahead of inode ino.

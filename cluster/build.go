@@ -174,7 +174,7 @@ func (m *Manager) buildChains(st *stage, r uint32) {
 		c := &chainRecord{Version: 1, Replicas: r, Home: home}
 		for _, id := range members {
 			mem := memberRecord{TargetID: id, State: stateServing}
-			if !m.targetOnline(id) {
+			if !m.targetWritable(id) {
 				// A new chain holds no data: a member that is down
 				// has missed nothing yet, so any may come back first.
 				mem = memberRecord{TargetID: id, State: stateOffline, LeftServing: true, Since: now}
@@ -281,12 +281,12 @@ func (m *Manager) chooseMember(members []uint64, load map[uint64]int, after func
 		if slices.Contains(members, id) {
 			continue
 		}
-		c := cand{id: id, close: m.closeness(id, members), load: load[id], online: m.targetOnline(id)}
+		c := cand{id: id, close: m.closeness(id, members), load: load[id], online: m.targetWritable(id)}
 		if !repair {
 			c.ahead = after(id)
 		}
 		if r := m.targets[id].report; r != nil {
-			if repair && full(r.total, r.free) {
+			if repair && !placeable(r) {
 				continue
 			}
 			c.free = r.free

@@ -130,6 +130,7 @@ type capacity struct {
 	filesystem                string // device of the target's file system, "" if unknown
 	// Background scrub counters.
 	scrubbed, scrubErrors, scrubRepaired uint64
+	fault                                fault // disk fault (faults.go)
 }
 
 // NewManager loads the servers, targets and chains persisted in eng.

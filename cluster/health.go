@@ -203,6 +203,7 @@ func (m *Manager) Health() Health {
 	}
 
 	h.Warnings = append(h.Warnings, m.forwardWarnings()...)
+	h.Warnings = append(h.Warnings, m.faultWarnings()...)
 
 	for _, id := range slices.Sorted(maps.Keys(m.targets)) {
 		if r := m.targets[id].report; r != nil && r.scrubErrors > 0 {

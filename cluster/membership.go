@@ -242,7 +242,8 @@ func (m *Manager) noteAlive(s *serverState, reports []*weftv1.TargetReport, now 
 		t.present = ok
 		if ok {
 			t.report = &capacity{total: r.TotalBytes, free: r.FreeBytes, used: r.UsedBytes, chunks: r.Chunks, filesystem: r.Filesystem,
-				scrubbed: r.ScrubbedBytes, scrubErrors: r.ScrubErrors, scrubRepaired: r.ScrubRepaired}
+				scrubbed: r.ScrubbedBytes, scrubErrors: r.ScrubErrors, scrubRepaired: r.ScrubRepaired,
+				fault: fault{kind: r.FaultKind, reason: r.Fault, since: r.FaultSinceMs}}
 		}
 		m.sync.note(id, r, now)
 	}

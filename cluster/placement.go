@@ -168,7 +168,8 @@ func (m *Manager) markUsed(ctx context.Context, ids []uint64) error {
 }
 
 // usableReplicated reports whether new files may go to replicated chain
-// c, and its free space (the least of its live members').
+// c, and its free space (the least of its live members'): a member with
+// a disk fault or full keeps new files off the chain.
 func (m *Manager) usableReplicated(c *chainRecord) (candidate, bool) {
 	cand := candidate{id: c.ID, known: true}
 	serving, first := 0, true
@@ -184,7 +185,7 @@ func (m *Manager) usableReplicated(c *chainRecord) (candidate, bool) {
 			cand.known = false
 			continue
 		}
-		if full(r.total, r.free) {
+		if !placeable(r) {
 			return cand, false
 		}
 		if first || r.free < cand.free {
@@ -206,7 +207,7 @@ func (m *Manager) usable(c *chainRecord) (candidate, bool) {
 			cand.known = false
 			continue
 		}
-		if full(r.total, r.free) {
+		if !placeable(r) {
 			return cand, false
 		}
 		if i == 0 || r.free < cand.free {

@@ -15,8 +15,8 @@ import (
 // reconcileReplicated returns the new record of replicated chain c, or nil
 // if nothing changed. The rules:
 //
-//   - A serving or syncing member whose target is not online becomes
-//     offline; the chain version it left at, whether it was serving and
+//   - A serving or syncing member whose target is not online, or whose
+//     disk is read-only or failed (faults.go), becomes offline; the chain version it left at, whether it was serving and
 //     the time are recorded.
 //   - A member that was offline never serves again without a sync: when
 //     its target is back it becomes a syncing tail, filled by its
@@ -32,7 +32,7 @@ func (m *Manager) reconcileReplicated(c *chainRecord, now time.Time) *chainRecor
 	changed := false
 	for i := range next.Members {
 		mem := &next.Members[i]
-		if mem.State != stateOffline && !m.targetOnline(mem.TargetID) {
+		if mem.State != stateOffline && !m.targetWritable(mem.TargetID) {
 			m.log.Warn(fmt.Sprintf("chain %d: target %d (%s) is unreachable: taken out of the chain", c.ID, mem.TargetID, mem.State),
 				"chain", c.ID, "version", next.Version)
 			*mem = memberRecord{TargetID: mem.TargetID, State: stateOffline,
@@ -41,7 +41,7 @@ func (m *Manager) reconcileReplicated(c *chainRecord, now time.Time) *chainRecor
 		}
 	}
 	if countState(next, stateServing) == 0 {
-		if i := m.lastToLeaveOnline(next); i >= 0 && m.targetOnline(next.Members[i].TargetID) {
+		if i := m.lastToLeaveOnline(next); i >= 0 && m.targetWritable(next.Members[i].TargetID) {
 			m.log.Info(fmt.Sprintf("chain %d: target %d, the last to hold every write, is back: serving again",
 				c.ID, next.Members[i].TargetID), "chain", c.ID, "version", next.Version)
 			next.Members[i] = memberRecord{TargetID: next.Members[i].TargetID, State: stateServing}
@@ -51,7 +51,7 @@ func (m *Manager) reconcileReplicated(c *chainRecord, now time.Time) *chainRecor
 	if countState(next, stateServing) > 0 {
 		for i := range next.Members {
 			mem := &next.Members[i]
-			if mem.State == stateOffline && m.targetOnline(mem.TargetID) {
+			if mem.State == stateOffline && m.targetWritable(mem.TargetID) {
 				m.log.Info(fmt.Sprintf("chain %d: target %d is back: syncing what it missed", c.ID, mem.TargetID),
 					"chain", c.ID, "version", next.Version)
 				*mem = memberRecord{TargetID: mem.TargetID, State: stateSyncing}
@@ -87,7 +87,7 @@ func (m *Manager) lastToLeaveOnline(c *chainRecord) int {
 		return best
 	}
 	for i, mem := range c.Members {
-		if mem.State == stateOffline && mem.LeftServing && mem.Left == c.Members[best].Left && m.targetOnline(mem.TargetID) {
+		if mem.State == stateOffline && mem.LeftServing && mem.Left == c.Members[best].Left && m.targetWritable(mem.TargetID) {
 			return i
 		}
 	}

@@ -30,6 +30,8 @@ func (m *Manager) Servers() []*weftv1.ServerStatus {
 				ts.TotalBytes, ts.FreeBytes, ts.UsedBytes, ts.Chunks = r.total, r.free, r.used, r.chunks
 				ts.ScrubbedBytes, ts.ScrubErrors, ts.ScrubRepaired = r.scrubbed, r.scrubErrors, r.scrubRepaired
 			}
+			f := faultOf(t)
+			ts.FaultKind, ts.Fault, ts.FaultSinceMs = f.kind, f.reason, f.since
 			ss.Targets = append(ss.Targets, ts)
 		}
 		out = append(out, ss)

@@ -29,7 +29,7 @@ func (s *Server) TruncateFile(ctx context.Context, req *weftv1.TruncateFileReque
 	defer lf.Unlock()
 	s.touchFile(m, req.GetIno())
 	if err := lf.Truncate(int64(req.GetSize()), int64(req.GetChunkSize())); err != nil {
-		return nil, err
+		return nil, s.diskError(m, fmt.Sprintf("truncate inode %d", req.GetIno()), err)
 	}
 	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward truncate of inode %d to %d bytes", req.GetIno(), req.GetSize()),
 		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
@@ -69,7 +69,7 @@ func (s *Server) DeleteFile(ctx context.Context, req *weftv1.DeleteFileRequest) 
 	defer lf.Unlock()
 	s.touchFile(m, req.GetIno())
 	if err := lf.Delete(); err != nil {
-		return nil, err
+		return nil, s.diskError(m, fmt.Sprintf("delete inode %d", req.GetIno()), err)
 	}
 	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward delete of inode %d", req.GetIno()),
 		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
@@ -92,7 +92,7 @@ func (s *Server) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*we
 		return nil, err
 	}
 	if err := m.target.SyncFile(req.GetIno()); err != nil {
-		return nil, err
+		return nil, s.diskError(m, fmt.Sprintf("sync inode %d", req.GetIno()), err)
 	}
 	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward sync of inode %d", req.GetIno()),
 		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {

@@ -27,11 +27,13 @@ const (
 	repairCallTimeout = time.Minute
 )
 
-// targetStats counts a target's scrub work, reported in heartbeats.
+// targetStats counts a target's scrub work and holds its disk fault
+// mark (faults.go), reported in heartbeats.
 type targetStats struct {
 	scrubbed atomic.Uint64 // bytes verified by the scrub
 	errors   atomic.Uint64 // bad copies found (by the scrub or reads)
 	repaired atomic.Uint64 // bad copies replaced from a peer
+	fault    targetFault
 }
 
 type repairKey struct {

@@ -288,6 +288,7 @@ func (s *Server) targetReports() []*weftv1.TargetReport {
 		if i < len(ids) {
 			r.Syncs = s.syncReports(ids[i])
 		}
+		s.faultReport(t, r)
 		reports = append(reports, r)
 	}
 	return reports

@@ -43,21 +43,27 @@ func (s *Server) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 	if req.GetForwarded() {
 		ok, err := s.applyForwarded(m, l, id, req, pieces)
 		if err != nil || !ok {
+			if err != nil {
+				err = s.diskError(m, "write to "+id.String(), err)
+			}
 			return &weftv1.WriteChunkResponse{NeedFullChunk: !ok}, err
 		}
 		version = req.GetChunkVersion()
 	} else {
 		info, err := l.Info()
 		if err != nil {
-			return nil, s.headCorrupt(m, id, err)
+			return nil, s.diskError(m, "write to "+id.String(), s.headCorrupt(m, id, err))
 		}
 		version = info.Version
 		if len(req.GetData()) > 0 {
 			version++
 		}
 		if err := l.WritePieces(pieces, int64(req.GetChunkSize()), version, req.GetSync()); err != nil {
-			return nil, s.headCorrupt(m, id, err)
+			return nil, s.diskError(m, "write to "+id.String(), s.headCorrupt(m, id, err))
 		}
+	}
+	if len(req.GetData()) > 0 {
+		s.noteWritten(m.target)
 	}
 	if err := s.forwardWrite(ctx, m, l, id, req, version); err != nil {
 		return nil, err
@@ -209,7 +215,7 @@ func (s *Server) PushChunk(ctx context.Context, req *weftv1.PushChunkRequest) (*
 	}
 	full := chunk.Full{Version: fc.GetVersion(), Exists: fc.GetExists(), Data: fc.GetData()}
 	if err := l.Replace(full); err != nil {
-		return nil, err
+		return nil, s.diskError(m, fmt.Sprintf("replace %v", id), err)
 	}
 	s.markVerified(m, id)
 	if next := m.successor(); next != nil {

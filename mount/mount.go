@@ -17,6 +17,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/weft-fs/weft/client"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // DefaultTimeout is the default attribute and entry cache timeout
@@ -161,8 +162,10 @@ func Mount(c *client.Client, mountpoint string, opts Options) (*FS, error) {
 		}
 	}
 	// The notifier also drops the pages of files found changed without
-	// callbacks (fs.remember).
+	// callbacks (fs.remember), and of files whose write-back failed: the
+	// kernel must not answer reads of bytes that were never stored.
 	go fs.notes.run(m.done)
+	c.OnLostWrites(func(ino uint64) { fs.notes.deliver(&weftv1.Invalidation{Inodes: []uint64{ino}}) })
 	if opts.callbacks {
 		c.WatchCallbacks(fs.notes.deliver)
 	}

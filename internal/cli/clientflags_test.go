@@ -39,9 +39,9 @@ func TestClientSettingsSizes(t *testing.T) {
 }
 
 // --local-reads, --create-delegations, --close-in-flight,
-// --create-send-delay and --open-around reach the client's configuration:
-// on (2 ms, 512 chunks) by default, off when given false (0); a bad delay
-// or bound is refused.
+// --create-send-delay, --open-around and --close-sync reach the client's
+// configuration: on (2 ms, 512 chunks; close-sync off) by default, off
+// when given false (0); a bad delay or bound is refused.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
 		args          []string
@@ -50,6 +50,7 @@ func TestClientSettingsSwitches(t *testing.T) {
 		serialCloses  bool
 		sendDelay     time.Duration
 		openAround    int // 0: the default
+		closeSync     bool
 		wantErr       bool
 	}{
 		{args: nil, sendDelay: 2 * time.Millisecond},
@@ -64,6 +65,8 @@ func TestClientSettingsSwitches(t *testing.T) {
 		{args: []string{"--open-around", "0"}, sendDelay: 2 * time.Millisecond, openAround: -1},
 		{args: []string{"--open-around", "-1"}, wantErr: true},
 		{args: []string{"--open-around", "5000"}, wantErr: true},
+		{args: []string{"--close-sync"}, sendDelay: 2 * time.Millisecond, closeSync: true},
+		{args: []string{"--close-sync=false"}, sendDelay: 2 * time.Millisecond},
 	} {
 		cmd := &cobra.Command{Use: "x"}
 		s := clientSettings{onUnavailable: client.OnUnavailableFail, unavailableTimeout: time.Second, writeBuffer: "64MiB", readAhead: "8MiB"}
@@ -82,6 +85,9 @@ func TestClientSettingsSwitches(t *testing.T) {
 		s.apply(&cfg)
 		if want := cmp.Or(tt.openAround, client.DefaultOpenAroundChunks); cfg.OpenAroundChunks != want {
 			t.Errorf("%v: OpenAroundChunks = %d, want %d", tt.args, cfg.OpenAroundChunks, want)
+		}
+		if cfg.CloseSync != tt.closeSync {
+			t.Errorf("%v: CloseSync = %v, want %v", tt.args, cfg.CloseSync, tt.closeSync)
 		}
 		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations ||
 			cfg.SerialCloses != tt.serialCloses || cfg.CreateSendDelay != tt.sendDelay {

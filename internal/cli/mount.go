@@ -39,6 +39,7 @@ type clientSettings struct {
 	closeInFlight      bool          // --close-in-flight
 	createSendDelay    time.Duration // --create-send-delay
 	openAround         int           // --open-around; 0: off
+	closeSync          bool          // --close-sync
 }
 
 // addFlags defines --on-unavailable and --unavailable-timeout on cmd.
@@ -63,6 +64,9 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 	fl.IntVar(&s.openAround, "open-around", client.DefaultOpenAroundChunks,
 		fmt.Sprintf("with --local-reads, a reader that opens a chunk of a file of at most this many chunks where read-ahead did not lead it (a random reader) "+
 			"has the file's other chunks opened in place too, so no later read waits to open one (a descriptor each; 0: off; at most %d)", client.MaxOpenAroundChunks))
+	fl.BoolVar(&s.closeSync, "close-sync", false,
+		"close waits until the file's data is on the disks of every replica (fdatasync), as fsync does; "+
+			"default: close waits until every replica holds it in memory (it survives any process crash and, with replicas 2 or more, the loss of one machine; fsync makes it durable)")
 	fl.BoolVar(&s.closeInFlight, "close-in-flight", true,
 		"the close of a small file made under a delegation sends its data and its create at once; the meta service "+
 			"keeps a record until the data is confirmed and empties the file if its data never arrived; false: data, then create")
@@ -120,6 +124,7 @@ func (s clientSettings) apply(cfg *client.Config) {
 	cfg.CreateSendDelay = s.createSendDelay
 	cfg.SerialCloses = !s.closeInFlight
 	cfg.OpenAroundChunks = s.openAround
+	cfg.CloseSync = s.closeSync
 	if s.openAround == 0 {
 		cfg.OpenAroundChunks = -1 // off
 	}

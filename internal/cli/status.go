@@ -200,9 +200,14 @@ func writeStatusText(w io.Writer, addr string, st *weftv1.StatusResponse) {
 				tstate = "  REMOVED"
 			case !t.GetOnline():
 				tstate = "  OFFLINE"
+			case t.GetFaultKind() != "":
+				tstate = "  " + strings.ToUpper(t.GetFaultKind())
 			}
 			fmt.Fprintf(w, "    target %d  used %s, free %s of %s, %d chunks%s  %s\n", t.GetId(),
 				formatSize(t.GetUsedBytes()), formatSize(t.GetFreeBytes()), formatSize(t.GetTotalBytes()), t.GetChunks(), tstate, t.GetPath())
+			if k := t.GetFaultKind(); k != "" && !t.GetRemoved() {
+				fmt.Fprintf(w, "      %s: %s\n", k, t.GetFault())
+			}
 			fmt.Fprintf(w, "      %s\n", scrubString(t))
 		}
 	}
@@ -304,6 +309,11 @@ type targetJSON struct {
 	ScrubbedBytes uint64 `json:"scrubbed_bytes"`
 	ScrubErrors   uint64 `json:"scrub_errors"`
 	ScrubRepaired uint64 `json:"scrub_repaired"`
+	// FaultKind is the target's disk fault ("read-only", "failed",
+	// "full", "too small"; empty when none) and Fault what failed.
+	FaultKind    string `json:"fault_kind,omitempty"`
+	Fault        string `json:"fault,omitempty"`
+	FaultSinceMs int64  `json:"fault_since_ms,omitempty"`
 }
 
 type layoutJSON struct {
@@ -354,7 +364,8 @@ func writeStatusJSON(w io.Writer, addr string, st *weftv1.StatusResponse) error 
 		for _, t := range s.GetTargets() {
 			sj.Targets = append(sj.Targets, targetJSON{ID: t.GetId(), Path: t.GetPath(), Online: t.GetOnline(), Removed: t.GetRemoved(),
 				TotalBytes: t.GetTotalBytes(), FreeBytes: t.GetFreeBytes(), UsedBytes: t.GetUsedBytes(), Chunks: t.GetChunks(),
-				ScrubbedBytes: t.GetScrubbedBytes(), ScrubErrors: t.GetScrubErrors(), ScrubRepaired: t.GetScrubRepaired()})
+				ScrubbedBytes: t.GetScrubbedBytes(), ScrubErrors: t.GetScrubErrors(), ScrubRepaired: t.GetScrubRepaired(),
+				FaultKind: t.GetFaultKind(), Fault: t.GetFault(), FaultSinceMs: t.GetFaultSinceMs()})
 		}
 		out.Servers = append(out.Servers, sj)
 	}

@@ -21,7 +21,8 @@ const (
 // (its data cannot be read or written; for the single-copy chains of a
 // cluster whose default layout replicates, only HEALTH_WARN), HEALTH_WARN when something runs
 // with less redundancy than asked (offline servers, degraded or syncing
-// chains) or the meta service warns, else HEALTH_OK. The reasons say why.
+// chains), a target's disk is at fault (read-only, failed, full or too
+// small) or the meta service warns, else HEALTH_OK. The reasons say why.
 func clusterHealth(st *weftv1.StatusResponse) (string, []string) {
 	var errs, warns []string
 	// A server whose targets were all removed is no longer expected.
@@ -40,6 +41,13 @@ func clusterHealth(st *weftv1.StatusResponse) (string, []string) {
 		warns = append(warns, "no data servers registered")
 	case offline > 0:
 		warns = append(warns, fmt.Sprintf("%d of %d data servers offline", offline, servers))
+	}
+	for _, s := range st.GetServers() {
+		for _, t := range s.GetTargets() {
+			if k := t.GetFaultKind(); k != "" && t.GetOnline() && !t.GetRemoved() {
+				warns = append(warns, fmt.Sprintf("target %d on data server %d %s", t.GetId(), s.GetId(), k))
+			}
+		}
 	}
 	defaultReplicas := max(st.GetDefaultLayout().GetReplicas(), 1)
 	for _, s := range st.GetChainSummaries() {

@@ -39,6 +39,12 @@ func TestClusterHealth(t *testing.T) {
 			[]string{"1 of 2 data servers offline", "1 chain of 1 replica unavailable (files with replicas 1 on offline servers)"}},
 		{"warnings", &weftv1.StatusResponse{Servers: []*weftv1.ServerStatus{online}, Warnings: []string{"a", "b"}}, healthWarn,
 			[]string{"2 warnings"}},
+		{"read-only target", &weftv1.StatusResponse{Servers: []*weftv1.ServerStatus{online,
+			{Id: 4, Online: true, Targets: []*weftv1.TargetStatus{{Id: 7, Online: true, FaultKind: "read-only", Fault: "EROFS"}}}}},
+			healthWarn, []string{"target 7 on data server 4 read-only"}},
+		{"fault of a removed target is not news", &weftv1.StatusResponse{Servers: []*weftv1.ServerStatus{online,
+			{Id: 4, Online: true, Targets: []*weftv1.TargetStatus{{Id: 7, Online: true, Removed: true, FaultKind: "failed"}}}}},
+			healthOK, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

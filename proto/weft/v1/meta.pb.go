@@ -3958,7 +3958,17 @@ type TargetReport struct {
 	ScrubErrors   uint64 `protobuf:"varint,9,opt,name=scrub_errors,json=scrubErrors,proto3" json:"scrub_errors,omitempty"`
 	ScrubRepaired uint64 `protobuf:"varint,10,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
 	// Syncs in progress on this target (it is a syncing chain member).
-	Syncs         []*SyncProgress `protobuf:"bytes,11,rep,name=syncs,proto3" json:"syncs,omitempty"`
+	Syncs []*SyncProgress `protobuf:"bytes,11,rep,name=syncs,proto3" json:"syncs,omitempty"`
+	// Disk fault of the target, empty when none: "read-only" (its file
+	// system refuses writes), "failed" (its disk answered an I/O error) or
+	// "full" (no space left). A read-only or failed target takes no new
+	// files and leaves its replicated chains; a full one takes no new
+	// files.
+	FaultKind string `protobuf:"bytes,12,opt,name=fault_kind,json=faultKind,proto3" json:"fault_kind,omitempty"`
+	// What failed, as the data server saw it.
+	Fault string `protobuf:"bytes,13,opt,name=fault,proto3" json:"fault,omitempty"`
+	// When the fault was noted (Unix milliseconds).
+	FaultSinceMs  int64 `protobuf:"varint,14,opt,name=fault_since_ms,json=faultSinceMs,proto3" json:"fault_since_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4068,6 +4078,27 @@ func (x *TargetReport) GetSyncs() []*SyncProgress {
 		return x.Syncs
 	}
 	return nil
+}
+
+func (x *TargetReport) GetFaultKind() string {
+	if x != nil {
+		return x.FaultKind
+	}
+	return ""
+}
+
+func (x *TargetReport) GetFault() string {
+	if x != nil {
+		return x.Fault
+	}
+	return ""
+}
+
+func (x *TargetReport) GetFaultSinceMs() int64 {
+	if x != nil {
+		return x.FaultSinceMs
+	}
+	return 0
 }
 
 // SyncProgress reports a syncing member's copy of what it missed.
@@ -5242,7 +5273,13 @@ type TargetStatus struct {
 	ScrubErrors   uint64 `protobuf:"varint,9,opt,name=scrub_errors,json=scrubErrors,proto3" json:"scrub_errors,omitempty"`
 	ScrubRepaired uint64 `protobuf:"varint,10,opt,name=scrub_repaired,json=scrubRepaired,proto3" json:"scrub_repaired,omitempty"`
 	// Removed by RemoveTarget: taken out of its chains for good.
-	Removed       bool `protobuf:"varint,11,opt,name=removed,proto3" json:"removed,omitempty"`
+	Removed bool `protobuf:"varint,11,opt,name=removed,proto3" json:"removed,omitempty"`
+	// Disk fault as last reported (see TargetReport.fault_kind), or
+	// "too small" for a target whose whole size is below what a file
+	// needs; empty when none.
+	FaultKind     string `protobuf:"bytes,12,opt,name=fault_kind,json=faultKind,proto3" json:"fault_kind,omitempty"`
+	Fault         string `protobuf:"bytes,13,opt,name=fault,proto3" json:"fault,omitempty"`
+	FaultSinceMs  int64  `protobuf:"varint,14,opt,name=fault_since_ms,json=faultSinceMs,proto3" json:"fault_since_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5352,6 +5389,27 @@ func (x *TargetStatus) GetRemoved() bool {
 		return x.Removed
 	}
 	return false
+}
+
+func (x *TargetStatus) GetFaultKind() string {
+	if x != nil {
+		return x.FaultKind
+	}
+	return ""
+}
+
+func (x *TargetStatus) GetFault() string {
+	if x != nil {
+		return x.Fault
+	}
+	return ""
+}
+
+func (x *TargetStatus) GetFaultSinceMs() int64 {
+	if x != nil {
+		return x.FaultSinceMs
+	}
+	return 0
 }
 
 type StatusRequest struct {
@@ -6985,7 +7043,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\tR\x05epoch\"/\n" +
 	"\x13CloseSessionRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x16\n" +
-	"\x14CloseSessionResponse\"\xeb\x02\n" +
+	"\x14CloseSessionResponse\"\xc6\x03\n" +
 	"\fTargetReport\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
@@ -7003,7 +7061,11 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\fscrub_errors\x18\t \x01(\x04R\vscrubErrors\x12%\n" +
 	"\x0escrub_repaired\x18\n" +
 	" \x01(\x04R\rscrubRepaired\x12+\n" +
-	"\x05syncs\x18\v \x03(\v2\x15.weft.v1.SyncProgressR\x05syncs\"g\n" +
+	"\x05syncs\x18\v \x03(\v2\x15.weft.v1.SyncProgressR\x05syncs\x12\x1d\n" +
+	"\n" +
+	"fault_kind\x18\f \x01(\tR\tfaultKind\x12\x14\n" +
+	"\x05fault\x18\r \x01(\tR\x05fault\x12$\n" +
+	"\x0efault_since_ms\x18\x0e \x01(\x03R\ffaultSinceMs\"g\n" +
 	"\fSyncProgress\x12\x19\n" +
 	"\bchain_id\x18\x01 \x01(\x04R\achainId\x12\x1d\n" +
 	"\n" +
@@ -7091,7 +7153,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x11last_heartbeat_ms\x18\x05 \x01(\x03R\x0flastHeartbeatMs\x12/\n" +
 	"\atargets\x18\x06 \x03(\v2\x15.weft.v1.TargetStatusR\atargets\x12\x12\n" +
 	"\x04site\x18\a \x01(\tR\x04site\x12\x12\n" +
-	"\x04rack\x18\b \x01(\tR\x04rack\"\xcc\x02\n" +
+	"\x04rack\x18\b \x01(\tR\x04rack\"\xa7\x03\n" +
 	"\fTargetStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
@@ -7107,7 +7169,11 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\fscrub_errors\x18\t \x01(\x04R\vscrubErrors\x12%\n" +
 	"\x0escrub_repaired\x18\n" +
 	" \x01(\x04R\rscrubRepaired\x12\x18\n" +
-	"\aremoved\x18\v \x01(\bR\aremoved\"\x0f\n" +
+	"\aremoved\x18\v \x01(\bR\aremoved\x12\x1d\n" +
+	"\n" +
+	"fault_kind\x18\f \x01(\tR\tfaultKind\x12\x14\n" +
+	"\x05fault\x18\r \x01(\tR\x05fault\x12$\n" +
+	"\x0efault_since_ms\x18\x0e \x01(\x03R\ffaultSinceMs\"\x0f\n" +
 	"\rStatusRequest\"\x93\x06\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
