@@ -76,6 +76,7 @@ type localChunk struct {
 	dataOff  int64    // where the chunk's bytes start in file
 	length   int64
 	sums     []uint32
+	slots    []uint8 // each block's slot in file (nil: all in slot 0)
 	refs     atomic.Int32 // the inode's list and each reader
 	used     uint64       // localState.tick at its last read
 	// advised is how far into the chunk the kernel was asked to read
@@ -467,7 +468,7 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		return
 	}
 	lc := &localChunk{idx: idx, chain: op.chain, version: op.ch.Version, w: op.w, c: c, fileSize: op.fileSize,
-		file: opened.File, dataOff: opened.DataOffset, length: opened.Length, sums: opened.Sums}
+		file: opened.File, dataOff: opened.DataOffset, length: opened.Length, sums: opened.Sums, slots: opened.Slots}
 	if lc.file != nil {
 		c.localOpen.Add(1)
 		lc.inMemory = pagecache.InMemory(lc.file)
@@ -588,6 +589,19 @@ func (in *inode) localRead(ctx context.Context, layout *weftv1.Layout, s span, p
 	return nil, nil, false
 }
 
+// slot returns the slot of block b in the chunk's file.
+func (lc *localChunk) slot(b int64) uint8 {
+	if lc.slots == nil || b >= int64(len(lc.slots)) {
+		return 0
+	}
+	return lc.slots[b]
+}
+
+// fileOff returns where block b starts in the chunk's file.
+func (lc *localChunk) fileOff(b int64) int64 {
+	return lc.dataOff + int64(lc.slot(b))*wire.SlotStride + b*wire.BlockSize
+}
+
 // read reads span s of the chunk, verified; ok is false when the bytes
 // do not match their checksums (or the file is shorter than it was).
 func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bool) {
@@ -617,8 +631,18 @@ func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bo
 	// from memory).
 	for so := int64(0); so < int64(len(buf)); so += readSegment {
 		se := min(so+readSegment, int64(len(buf)))
-		if n, _ := lc.file.ReadAt(buf[so:se], lc.dataOff+from+so); int64(n) < se-so {
-			return fail() // cut short under us: the server path says what is there
+		for ro := so; ro < se; {
+			// A run of blocks in one slot, read at once.
+			b := first + ro/wire.BlockSize
+			re := ro + wire.BlockSize - ro%wire.BlockSize
+			for re < se && lc.slot(first+re/wire.BlockSize) == lc.slot(b) {
+				re += wire.BlockSize
+			}
+			re = min(re, se)
+			if n, _ := lc.file.ReadAt(buf[ro:re], lc.fileOff(b)+ro%wire.BlockSize); int64(n) < re-ro {
+				return fail() // cut short under us: the server path says what is there
+			}
+			ro = re
 		}
 		for lo := so; lo < se; lo += wire.BlockSize {
 			b := first + lo/wire.BlockSize

@@ -432,3 +432,54 @@ func openRounds(c *Client) uint64 {
 	}
 	return n
 }
+
+// A file whose blocks were rewritten after they were synced (their new
+// copies in other places of the chunk files) is still read in place,
+// each block from where it now is.
+func TestReadInPlaceAfterRewrites(t *testing.T) {
+	const chunk = 1 << 20
+	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 1, Replicas: 1}
+	tc := startCluster(t, layout, 1)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{})
+	rnd := rand.New(rand.NewPCG(21, 22))
+	const size = 2*chunk + 777
+	model := randomBytes(rnd, size)
+	f := create(t, a, "rewritten", syscall.O_RDWR)
+	if _, err := f.WriteAt(ctx, model, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Fsync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Rewrites of synced blocks, each flushed by a sync.
+	for range 6 {
+		off := rnd.IntN(size - 8000)
+		p := randomBytes(rnd, 1+rnd.IntN(8000))
+		if _, err := f.WriteAt(ctx, p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(model[off:], p)
+		if err := f.Fsync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := open(t, a, "rewritten", syscall.O_RDONLY)
+	before := a.LocalReadBytes()
+	got := make([]byte, size)
+	for off := 0; off < size; off += 64 << 10 {
+		n, err := g.ReadAt(ctx, got[off:min(off+64<<10, size)], int64(off))
+		if err != nil || n != min(64<<10, size-off) {
+			t.Fatalf("read at %d: %d bytes, %v", off, n, err)
+		}
+	}
+	if !bytes.Equal(got, model) {
+		t.Fatal("the file read back differs from what was written")
+	}
+	if a.LocalReadBytes()-before < size/2 {
+		t.Fatalf("%d of %d bytes read in place: rewritten chunks went through the servers", a.LocalReadBytes()-before, size)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weft-fs/weft/internal/pagecache"
+	"github.com/weft-fs/weft/internal/wire"
 )
 
 // Prefetching a chunk file read in place.
@@ -35,8 +36,26 @@ func (lc *localChunk) prefetch(lo, hi int64) {
 	if lo >= hi {
 		return
 	}
+	if lc.slots != nil {
+		// Blocks in several places of the file: a run at a time.
+		for b := lo / wire.BlockSize; b*wire.BlockSize < hi; {
+			e := b + 1
+			for e*wire.BlockSize < hi && lc.slot(e) == lc.slot(b) {
+				e++
+			}
+			rlo, rhi := max(lo, b*wire.BlockSize), min(hi, e*wire.BlockSize)
+			lc.prefetchFile(lc.fileOff(b)+rlo-b*wire.BlockSize, lc.fileOff(b)+rhi-b*wire.BlockSize)
+			b = e
+		}
+		return
+	}
+	lc.prefetchFile(lc.dataOff+lo, lc.dataOff+hi)
+}
+
+// prefetchFile reads bytes [lo, hi) of the chunk's file into the page
+// cache, waiting for the disk.
+func (lc *localChunk) prefetchFile(lo, hi int64) {
 	fd := int(lc.file.Fd())
-	lo, hi = lc.dataOff+lo, lc.dataOff+hi
 	if !populateOff.Load() && tryAcquire(populating) {
 		err := pagecache.Populate(fd, lo, hi)
 		<-populating

@@ -50,6 +50,8 @@ func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest,
 var (
 	_ [chunk.BlockSize - wire.BlockSize]struct{}
 	_ [wire.BlockSize - chunk.BlockSize]struct{}
+	_ [chunk.SlotStride - wire.SlotStride]struct{}
+	_ [wire.SlotStride - chunk.SlotStride]struct{}
 )
 
 // OpenChunkRead opens a chunk for a client on this host to read in place
@@ -77,7 +79,8 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
-	return &wire.LocalChunk{File: o.File, DataOffset: o.DataOffset, Length: o.Length, Version: o.Version, Sums: o.Sums, Lease: lease}, nil
+	return &wire.LocalChunk{File: o.File, DataOffset: o.DataOffset, Length: o.Length, Version: o.Version, Sums: o.Sums,
+		Slots: o.Slots, Lease: lease}, nil
 }
 
 // ReadIns counts the cold ranges the server's targets read into the

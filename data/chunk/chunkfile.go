@@ -98,23 +98,36 @@ func (t *Target) damagedError(f *chunkFile, b int64) error {
 	return t.corrupt(&CorruptionError{Target: t.dir, Chunk: f.key.id, Block: b, Missing: true})
 }
 
-// plain reports that every block's content is one whole copy in slot A,
-// so the chunk's bytes are those of slot A, as a client reading the file
-// in place sees them.
-func (f *chunkFile) plain() bool {
+// inPlace reports that every block's content is one whole copy (in any
+// slot), as a client reading the file in place can check it: no holes,
+// no copy shorter than its block, nothing damaged.
+func (f *chunkFile) inPlace() bool {
 	if len(f.damaged) > 0 {
 		return false
 	}
 	for b := range nblocks(f.hdr.length) {
 		i := f.cur(b)
-		if i < 0 {
-			return false
-		}
-		if e := f.ents[b][i]; e.slot != 0 || e.n != extent(b, f.hdr.length) {
+		if i < 0 || f.ents[b][i].n != extent(b, f.hdr.length) {
 			return false
 		}
 	}
 	return true
+}
+
+// slotsOf returns the slot of each block's content (nil when all are in
+// slot 0), and where the file must reach for all of it.
+func (f *chunkFile) slotsOf() (slots []uint8, end int64) {
+	for b := range nblocks(f.hdr.length) {
+		e := f.ents[b][f.cur(b)]
+		if e.slot != 0 && slots == nil {
+			slots = make([]uint8, nblocks(f.hdr.length))
+		}
+		if slots != nil {
+			slots[b] = uint8(e.slot)
+		}
+		end = max(end, slotOff(b, e.slot)+e.n)
+	}
+	return slots, end
 }
 
 // inlinePath is the path of chunk id's file.

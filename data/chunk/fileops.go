@@ -195,22 +195,22 @@ func (t *Target) shorten(f *chunkFile, newLen int64, chain uint64) error {
 		}
 	}
 	// Free what is past the end: the file is cut after the new length if
-	// no block's content is in slot B (so its size tells its length when
-	// the target is scanned), else both slots of the blocks cut away are
-	// punched out.
+	// every block's content is in slot 0 (so its size tells its length
+	// when the target is scanned), else every slot of the blocks cut away
+	// is punched out.
 	first := nblocks(newLen)
-	usesB := false
+	usesOthers := false
 	for b := range first {
-		if i := f.cur(b); i >= 0 && f.ents[b][i].slot == 1 {
-			usesB = true
+		if i := f.cur(b); i >= 0 && f.ents[b][i].slot != 0 {
+			usesOthers = true
 		}
 	}
-	if !usesB {
+	if !usesOthers {
 		if err := f.file.Truncate(inlineDataOff + newLen); err != nil {
 			return t.ioError(fmt.Sprintf("truncate %v", id), err)
 		}
 	} else if n := nblocks(oldLen) - first; n > 0 {
-		for s := range int8(2) {
+		for s := range int8(slots) {
 			if err := f.file.PunchHole(slotOff(first, s), n*BlockSize); err != nil {
 				t.store.log.Warn("free the bytes of a truncated chunk", "chunk", id.String(), "target", t.dir, "err", err)
 			}

@@ -24,17 +24,17 @@ import (
 // written after the data and the entries, and entries newer than its
 // version belong to a mutation that never committed and are ignored.
 //
-// A block's content is held in one of two places (slots): slot A at
-// dataOff + b*BlockSize, slot B at dataOff + MaxChunkSize + b*BlockSize.
-// Each of a block's two entries says which slot holds a copy, how many
-// bytes of it count, their CRC32C and the version that wrote it; the
-// newest entry not newer than the header is the block's content (bytes
-// past its count, up to the chunk's length, read as zeros; a block with
-// no entry reads as zeros). A mutation never writes over a copy that an
-// entry still relies on while that entry is the block's newest, or its
-// newest durable one (see write.go), so after a crash of the process or
-// of the machine every block has its old or its new content, and a
-// check of the new copy against its checksum tells which.
+// A block's content is held in one of three places (slots): slot s of
+// block b is at dataOff + s*slotStride + b*BlockSize. Each of a block's
+// two entries says which slot holds a copy, how many bytes of it count,
+// their CRC32C and the version that wrote it; the newest entry not newer
+// than the header is the block's content (bytes past its count, up to
+// the chunk's length, read as zeros; a block with no entry reads as
+// zeros). A mutation never writes over a copy that an entry relies on
+// while that entry is the block's newest, or its newest durable one (see
+// write.go): with three slots one is always free for it. So after a crash
+// of the process or of the machine every block has its old or its new
+// content, and a check of the new copy against its checksum tells which.
 //
 // Entry layout:
 //
@@ -42,12 +42,13 @@ import (
 //	6  uint16   low 16 bits of the CRC32C of the entry with these 2 bytes zero
 //	8  uint32   CRC32C of the copy's bytes
 //	12 uint16   number of bytes counted, minus one
-//	14 byte     slot (0: A, 1: B)
+//	14 byte     slot (0, 1 or 2)
 //	15 byte     zero
 //
-// The data of slot A starts 2 MiB in: the space before is a hole, which
-// takes no room, and the data's pages are aligned as in a file of their
-// own, so the kernel reads them in large folios.
+// Slot 0 starts 2 MiB in: the space before is a hole, which takes no
+// room, and the data's pages are aligned as in a file of their own, so
+// the kernel reads them in large folios. A chunk written once is all in
+// slot 0; the others hold blocks rewritten since.
 const (
 	headerSize   = 32
 	syncedOff    = 32
@@ -60,10 +61,12 @@ const (
 	// headSize bounds a chunk file's head.
 	headSize = entriesOff + maxBlocks*blockEntries
 
-	// inlineDataOff is where slot A starts in a chunk file.
+	// inlineDataOff is where slot 0 starts in a chunk file.
 	inlineDataOff = 2 << 20
-	// slotBOff is where slot B starts, relative to slot A.
-	slotBOff = MaxChunkSize
+	// slotStride is the distance between the slots.
+	slotStride = SlotStride
+	// slots is how many places a block's copies have.
+	slots = 3
 	// dataOffUnit is the unit of the data offset in the header.
 	dataOffUnit = 64 << 10
 
@@ -157,7 +160,7 @@ type entry struct {
 	gen  uint64 // version that wrote it (low 48 bits); 0: empty
 	sum  uint32 // CRC32C of the n bytes
 	n    int64  // bytes counted, 1..BlockSize
-	slot int8   // 0: A, 1: B
+	slot int8   // 0, 1 or 2
 }
 
 func (e entry) empty() bool { return e.gen == 0 }
@@ -186,7 +189,7 @@ func decodeEntry(b []byte) (entry, error) {
 	var c [entrySize]byte
 	copy(c[:], b)
 	c[6], c[7] = 0, 0
-	if uint16(crc32.Checksum(c[:], castagnoli)) != binary.LittleEndian.Uint16(b[6:]) || b[14] > 1 || b[15] != 0 {
+	if uint16(crc32.Checksum(c[:], castagnoli)) != binary.LittleEndian.Uint16(b[6:]) || b[14] >= slots || b[15] != 0 {
 		return entry{}, errBadEntry
 	}
 	gen := binary.LittleEndian.Uint64(c[:]) & genMask
@@ -199,7 +202,7 @@ func decodeEntry(b []byte) (entry, error) {
 
 // slotOff is where slot s of block b starts in a chunk file.
 func slotOff(b int64, s int8) int64 {
-	return inlineDataOff + int64(s)*slotBOff + b*BlockSize
+	return inlineDataOff + int64(s)*slotStride + b*BlockSize
 }
 
 // entryOff is where entry i of block b is in a chunk file.

@@ -245,12 +245,15 @@ type Opened struct {
 	Version    uint64
 	// Sums holds the CRC32C of each block.
 	Sums []uint32
+	// Slots holds the slot of each block (nil: all in slot 0): block b is
+	// at DataOffset + Slots[b]*SlotStride + b*BlockSize.
+	Slots []uint8
 }
 
-// ErrNotInPlace is returned by OpenForRead for a chunk whose bytes are
-// not all in one place in its file (blocks rewritten since they were
-// last written whole, or holes) or a target whose files have no
-// descriptors: it is read through the server instead.
+// ErrNotInPlace is returned by OpenForRead for a chunk with a block that
+// is not one whole copy (a hole, a copy shorter than its block) or a
+// target whose files have no descriptors: it is read through the server
+// instead.
 var ErrNotInPlace = errors.New("chunk cannot be read in place: read it through its data server")
 
 // OpenForRead opens chunk id for a client on this host to read in place:
@@ -261,8 +264,8 @@ var ErrNotInPlace = errors.New("chunk cannot be read in place: read it through i
 // *CorruptionError, as a read of it would. Bytes [wantLo, wantHi) of the
 // chunk, those the client reads first (none if empty), are read into the
 // page cache in the background while the checksums are read, so the disk
-// has both requests at once. A chunk that is not plain (see chunkFile.plain)
-// fails with ErrNotInPlace.
+// has both requests at once. A chunk that is not in place (see
+// chunkFile.inPlace) fails with ErrNotInPlace.
 func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, error) {
 	defer t.chunkLocks.lock(id, false)()
 	if !verify {
@@ -288,12 +291,13 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, 
 		}
 	}
 	osf := f.file.OS()
-	if osf == nil || !f.plain() {
+	if osf == nil || !f.inPlace() {
 		return Opened{}, fmt.Errorf("open %v on target %s: %w", id, t.dir, ErrNotInPlace)
 	}
+	slots, end := f.slotsOf()
 	if st, err := osf.Stat(); err != nil {
 		return Opened{}, t.ioError(fmt.Sprintf("stat %v", id), err)
-	} else if st.Size() < inlineDataOff+f.size() && f.size() > 0 {
+	} else if st.Size() < end && f.size() > 0 {
 		return Opened{}, t.corrupt(&CorruptionError{Target: t.dir, Chunk: id, Block: max(st.Size()-inlineDataOff, 0) / BlockSize,
 			Truncated: true, Length: max(st.Size()-inlineDataOff, 0), Want: f.size()})
 	}
@@ -316,7 +320,7 @@ func (t *Target) OpenForRead(id ID, verify bool, wantLo, wantHi int64) (Opened, 
 		return Opened{}, t.ioError(fmt.Sprintf("open %v for reading", id), merr)
 	}
 	return Opened{File: os.NewFile(uintptr(fd), osf.Name()), DataOffset: inlineDataOff, Length: f.size(),
-		Version: f.hdr.version, Sums: sums}, nil
+		Version: f.hdr.version, Sums: sums, Slots: slots}, nil
 }
 
 // openForReadDirect is OpenForRead's way for a plain chunk, without the
@@ -357,8 +361,11 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 	}
 	f := &chunkFile{key: cacheKey{t, id}}
 	synced, stale := t.parseHead(f, buf[:n])
-	if f.bad != nil || len(stale) > 0 || synced < f.hdr.version && !t.unsyncedHas(id) || !f.plain() ||
-		f.size() > 0 && st.Size < inlineDataOff+f.size() {
+	if f.bad != nil || len(stale) > 0 || synced < f.hdr.version && !t.unsyncedHas(id) || !f.inPlace() {
+		return Opened{}, false
+	}
+	slots, end := f.slotsOf()
+	if f.size() > 0 && st.Size < end {
 		return Opened{}, false
 	}
 	sums := make([]uint32, nblocks(f.size()))
@@ -367,5 +374,5 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 	}
 	keep = true
 	return Opened{File: os.NewFile(uintptr(fd), path), DataOffset: inlineDataOff, Length: f.size(),
-		Version: f.hdr.version, Sums: sums}, true
+		Version: f.hdr.version, Sums: sums, Slots: slots}, true
 }

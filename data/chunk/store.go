@@ -52,6 +52,9 @@ const (
 	// DefaultMaxOpenChunks bounds the open-file cache (a descriptor per
 	// chunk).
 	DefaultMaxOpenChunks = 512
+	// SlotStride is the distance between the places (slots) of a block's
+	// copies in a chunk file (see format.go).
+	SlotStride = MaxChunkSize
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -124,10 +124,9 @@ type blockWrite struct {
 //   - A write that only adds bytes past cur's count, in a slot where no
 //     relied-on entry counts past it (an append), goes in place: cur and
 //     dur still check after a crash, whatever part of it was written.
-//   - Any other write builds the block's whole new content in the slot
-//     neither relies on. If cur and dur sit in different slots (the block
-//     was rewritten since it was last synced), the file is synced first,
-//     which makes cur durable and frees the other slot.
+//   - Any other write builds the block's whole new content in a slot
+//     neither relies on: of three, one is always free (slot 0 first, so
+//     that chunks go back to one place when they can).
 //   - The new entry goes to the entry index that does not hold dur (an
 //     entry is 16 bytes in one sector: written whole or not at all), and
 //     the header, written last, commits the mutation.
@@ -154,7 +153,7 @@ func (t *Target) apply(f *chunkFile, pieces []Piece, version, chain uint64) (lo,
 	buf := blockPool.Get().(*[BlockSize]byte)
 	defer blockPool.Put(buf)
 	for _, b := range touched {
-		w, err := t.planBlock(f, b, oldLen, newLen, pieces, &floor, buf)
+		w, err := t.planBlock(f, b, oldLen, newLen, pieces, floor, buf)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -246,12 +245,12 @@ func touchedBlocks(pieces []Piece, oldLen, newLen int64) []int64 {
 
 // planBlock decides where block b's new content goes (see apply) and,
 // unless one piece holds all of the bytes to write, builds them.
-func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece, floor *uint64, buf *[BlockSize]byte) (blockWrite, error) {
+func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece, floor uint64, buf *[BlockSize]byte) (blockWrite, error) {
 	bs := b * BlockSize
 	ext := extent(b, newLen)
 	ci, di := -1, -1
 	if bs < oldLen {
-		ci, di = f.cur(b), f.durable(b, *floor)
+		ci, di = f.cur(b), f.durable(b, floor)
 	}
 	var cur entry
 	if ci >= 0 {
@@ -280,18 +279,9 @@ func (t *Target) planBlock(f *chunkFile, b, oldLen, newLen int64, pieces []Piece
 	if appendOK {
 		w.from, w.slot, w.sum = cur.n, cur.slot, cur.sum
 	} else {
-		if ci >= 0 && di >= 0 && f.ents[b][di].slot != cur.slot {
-			// Both slots are relied on: sync, so that cur is durable
-			// and the other slot is free.
-			if err := t.syncLocked(f); err != nil {
-				return blockWrite{}, err
-			}
-			*floor = noFloor
-			w.ei = 1 - ci
-		}
 		w.slot = 0
-		if ci >= 0 {
-			w.slot = 1 - cur.slot
+		for w.slot < slots && ci >= 0 && (w.slot == cur.slot || di >= 0 && w.slot == f.ents[b][di].slot) {
+			w.slot++
 		}
 	}
 	// Bytes [w.from, ext): straight from a piece if one covers them all.

@@ -51,6 +51,9 @@ type LocalChunk struct {
 	// Sums holds the CRC32C (Castagnoli) of each BlockSize block of the
 	// chunk, the last one of the bytes present.
 	Sums []uint32
+	// Slots holds where each block is (nil: all in slot 0): block b is
+	// at DataOffset + Slots[b]*SlotStride + b*BlockSize in File.
+	Slots []uint8
 	// Lease is how long the chunk may be read in place, counted from the
 	// request: the server answers for its copy only while it is sure to
 	// be serving the chain (see the data server's fencing).
@@ -63,6 +66,13 @@ const offsetShift = 40
 
 // BlockSize is the unit of the checksums in LocalChunk.Sums.
 const BlockSize = 64 << 10
+
+// SlotStride is the distance between a block's places (slots) in a chunk
+// file, and maxSlot the last slot.
+const (
+	SlotStride = 64 << 20
+	maxSlot    = 2
+)
 
 // maxLocalSums bounds the checksums of one chunk (64 MiB in 64 KiB
 // blocks).
@@ -129,7 +139,8 @@ func (c *serverConn) openChunk(id uint64, req *weftv1.ReadChunkRequest, verify b
 		c.respond(id, status.Errorf(codes.Internal, "lean data path: chunk with %d checksums", len(lc.Sums)), 0, 0, nil)
 		return
 	}
-	payload := make([]byte, 16+4*len(lc.Sums))
+	// The sums, then a byte per block: its slot.
+	payload := make([]byte, 16+5*len(lc.Sums))
 	le.PutUint64(payload[0:], lc.Version)
 	// The data offset rides in the length's top bits (a chunk is at
 	// most 64 MiB): a client that knows nothing of it sees a length
@@ -137,6 +148,9 @@ func (c *serverConn) openChunk(id uint64, req *weftv1.ReadChunkRequest, verify b
 	le.PutUint64(payload[8:], uint64(lc.Length)|uint64(lc.DataOffset)<<offsetShift)
 	for i, s := range lc.Sums {
 		le.PutUint32(payload[16+4*i:], s)
+	}
+	if lc.Slots != nil {
+		copy(payload[16+4*len(lc.Sums):], lc.Slots)
 	}
 	head, payload := answerHead(nil, id, nil, 0, leaseMs(lc.Lease), payload)
 	frame := append(head, payload...)
@@ -391,7 +405,7 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 	// Only an answer with a file carries a descriptor.
 	fd := lc.fr.take()
 	p := rest[h.metaLen:]
-	if fd < 0 || len(p) < 16 || (len(p)-16)%4 != 0 {
+	if fd < 0 || len(p) < 16 || (len(p)-16)%5 != 0 {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
@@ -402,11 +416,23 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 		Version:    le.Uint64(p[0:]),
 		Length:     int64(le.Uint64(p[8:]) & (1<<offsetShift - 1)),
 		DataOffset: int64(le.Uint64(p[8:]) >> offsetShift),
-		Sums:       make([]uint32, (len(p)-16)/4),
+		Sums:       make([]uint32, (len(p)-16)/5),
 		Lease:      time.Duration(h.aux) * time.Millisecond,
 	}
 	for i := range out.Sums {
 		out.Sums[i] = le.Uint32(p[16+4*i:])
+	}
+	for i, s := range p[16+4*len(out.Sums):] {
+		if s > maxSlot {
+			out.File.Close()
+			return nil, h.id, true, status.Errorf(codes.Internal, "lean data path: block %d of an opened chunk in slot %d", i, s)
+		}
+		if s != 0 && out.Slots == nil {
+			out.Slots = make([]uint8, len(out.Sums))
+		}
+		if out.Slots != nil {
+			out.Slots[i] = s
+		}
 	}
 	if want := (out.Length + BlockSize - 1) / BlockSize; int64(len(out.Sums)) != want {
 		out.File.Close()
