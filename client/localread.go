@@ -76,7 +76,7 @@ type localChunk struct {
 	dataOff  int64    // where the chunk's bytes start in file
 	length   int64
 	sums     []uint32
-	slots    []uint8 // each block's slot in file (nil: all in slot 0)
+	slots    []uint8      // each block's slot in file (nil: all in slot 0)
 	refs     atomic.Int32 // the inode's list and each reader
 	used     uint64       // localState.tick at its last read
 	// advised is how far into the chunk the kernel was asked to read
