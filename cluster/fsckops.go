@@ -271,3 +271,48 @@ func (m *Manager) ProbeChunk(ctx context.Context, chain, ino, index uint64, repa
 	r.Repaired = true
 	return r, nil
 }
+
+// BadCopy is a bad copy of a chunk a data server knows of and has not
+// repaired.
+type BadCopy struct {
+	ServerID uint64
+	Address  string
+	Copy     *weftv1.UnrepairedChunk
+}
+
+// BadCopies asks every online data server for the bad copies it knows of
+// (found by reads and scrubs, not repaired), checked again (Scrub with
+// known); with repair the servers try to repair them first. Servers that
+// could not be asked are in the error.
+func (m *Manager) BadCopies(ctx context.Context, repair bool) (bad []BadCopy, repaired int, err error) {
+	type server struct {
+		id   uint64
+		addr string
+	}
+	var servers []server
+	m.mu.Lock()
+	for id, s := range m.servers {
+		if s.online {
+			servers = append(servers, server{id, s.rec.Address})
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(servers, func(a, b server) int { return cmp.Compare(a.id, b.id) })
+	var errs []error
+	for _, s := range servers {
+		c, err := m.dataClient(s.id, s.addr)
+		var resp *weftv1.ScrubResponse
+		if err == nil {
+			resp, err = c.Scrub(ctx, &weftv1.ScrubRequest{Known: true, Repair: repair})
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ask data server %d (%s) for its bad copies: %w", s.id, s.addr, err))
+			continue
+		}
+		repaired += int(resp.GetRepaired())
+		for _, u := range resp.GetUnrepaired() {
+			bad = append(bad, BadCopy{ServerID: s.id, Address: s.addr, Copy: u})
+		}
+	}
+	return bad, repaired, errors.Join(errs...)
+}

@@ -57,6 +57,7 @@ func (s *Server) noteCorrupt(m member, id chunk.ID, err error) {
 		return
 	}
 	s.statsOf(m.target).errors.Add(1)
+	s.noteBad(m.target, m.targetID, id, err)
 	k := repairKey{m.target, id}
 	s.repairMu.Lock()
 	if s.repairing[k] {
@@ -80,7 +81,9 @@ func (s *Server) noteCorrupt(m member, id chunk.ID, err error) {
 			delete(s.repairing, k)
 			s.repairMu.Unlock()
 		}()
-		if err := s.repair(ctx, m.target, m.targetID, id); err != nil {
+		err := s.repair(ctx, m.target, m.targetID, id)
+		s.noteRepair(m.target, id, err)
+		if err != nil {
 			s.log.Error("cannot repair corrupt chunk", "chunk", id, "target", m.target.Dir(), "err", err)
 		}
 	}()
@@ -271,7 +274,10 @@ func (s *Server) scrubPass(ctx context.Context, limit *tokenBucket) (ScrubResult
 				}
 				res.Errors++
 				s.stats[i].errors.Add(1)
-				if rerr := s.repair(ctx, t, tid, id); rerr != nil {
+				s.noteBad(t, tid, id, err)
+				rerr := s.repair(ctx, t, tid, id)
+				s.noteRepair(t, id, rerr)
+				if rerr != nil {
 					s.log.Error("scrub found a corrupt chunk and cannot repair it", "chunk", id, "target", t.Dir(), "err", rerr)
 					if len(res.Unrepaired) < maxUnrepaired {
 						res.Unrepaired = append(res.Unrepaired, Unrepaired{Chunk: id, TargetID: tid, Target: t.Dir(),

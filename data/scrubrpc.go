@@ -18,10 +18,18 @@ type dataService struct {
 }
 
 // Scrub runs a full scrub pass now, at full speed, and answers with what
-// it found over all the server's targets (weft scrub). A pass that fails
-// part way answers an error naming what failed, unless it was cancelled.
-func (d dataService) Scrub(ctx context.Context, _ *weftv1.ScrubRequest) (*weftv1.ScrubResponse, error) {
-	res, err := d.Server.Scrub(ctx)
+// it found over all the server's targets (weft scrub); with known, it
+// checks again only the bad copies the server knows of (weft fsck). A
+// pass that fails part way answers an error naming what failed, unless
+// it was cancelled.
+func (d dataService) Scrub(ctx context.Context, req *weftv1.ScrubRequest) (*weftv1.ScrubResponse, error) {
+	var res ScrubResult
+	var err error
+	if req.GetKnown() {
+		res, err = d.Server.checkBad(ctx, req.GetRepair()), ctx.Err()
+	} else {
+		res, err = d.Server.Scrub(ctx)
+	}
 	resp := &weftv1.ScrubResponse{
 		Chunks:   uint64(res.Chunks),
 		Bytes:    uint64(res.Bytes),

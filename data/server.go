@@ -111,6 +111,9 @@ type Server struct {
 
 	repairMu  sync.Mutex
 	repairing map[repairKey]bool
+	// bad holds the bad copies found and not repaired (badcopies.go).
+	badMu sync.Mutex
+	bad   map[repairKey]*badCopy
 	scrubRate *tokenBucket
 	scrubNow  chan struct{}
 
@@ -176,7 +179,7 @@ func Open(cfg Config) (*Server, error) {
 		cfg: cfg, log: cfg.Logger, refresh: make(chan struct{}, 1),
 		syncs: make(map[syncKey]*syncSession), syncWake: make(chan struct{}, 1),
 		syncRate:  newTokenBucket(cfg.SyncBandwidth),
-		repairing: make(map[repairKey]bool), scrubNow: make(chan struct{}, 1),
+		repairing: make(map[repairKey]bool), bad: make(map[repairKey]*badCopy), scrubNow: make(chan struct{}, 1),
 		failureTimeout: failureTimeoutFor(0, defaultHeartbeatInterval),
 	}
 	if cfg.ScrubRate > 0 {

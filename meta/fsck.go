@@ -30,6 +30,7 @@ const (
 	fsckUnowned       = "unowned_chunk"  // chunk no file owns
 	fsckMissing       = "missing_chunk"  // chunk some serving replicas lack
 	fsckBadLayout     = "bad_layout"     // a file's layout names a chain that does not exist
+	fsckBadCopy       = "corrupt_chunk"  // a copy of a chunk that fails its checksums
 	fsckUnchecked     = "chain_not_checked"
 )
 
@@ -100,6 +101,7 @@ func (f *fscker) run(ctx context.Context) error {
 		f.checkParents,
 		f.checkSymlinks,
 		f.checkChunks,
+		f.checkBadCopies,
 		f.checkUnreachable,
 	}
 	for _, step := range steps {

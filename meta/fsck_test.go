@@ -1,6 +1,9 @@
 package meta
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -421,6 +424,35 @@ var fsckCases = []fsckCase{
 			}
 		},
 		want: []string{fsckMissing},
+	},
+	{
+		name: "chunk corrupt on every replica",
+		corrupt: func(e *fsckEnv) func() {
+			a := e.file(rootIno, "rotten", 3000, false)
+			for _, dir := range e.targets {
+				p := filepath.Join(dir, "chunks", fmt.Sprintf("%02x", a.Ino%256), fmt.Sprintf("%x", a.Ino), "0.w")
+				b, err := os.ReadFile(p)
+				if err != nil {
+					e.t.Fatal(err)
+				}
+				b[2<<20+100] ^= 1 // a byte of the data
+				if err := os.WriteFile(p, b, 0o600); err != nil {
+					e.t.Fatal(err)
+				}
+			}
+			// The data servers find the bad copies (and cannot repair
+			// them: no good one is left).
+			c := e.chain(a.Layout.Chains[0])
+			for _, m := range c.Members {
+				if _, err := e.dataClient(m.Address).Scrub(e.ctx, &weftv1.ScrubRequest{}); err != nil {
+					e.t.Fatal(err)
+				}
+			}
+			return nil
+		},
+		want:    []string{fsckBadCopy, fsckBadCopy},
+		kept:    []string{fsckBadCopy, fsckBadCopy},
+		cleanup: func(e *fsckEnv) { e.unlinkName(rootIno, "rotten"); e.s.collectGarbage(e.ctx) },
 	},
 }
 

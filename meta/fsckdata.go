@@ -257,3 +257,25 @@ func (f *fscker) checkLayouts(ctx context.Context) error {
 	}
 	return nil
 }
+
+// checkBadCopies reports the bad copies the data servers know of and have
+// not repaired (found by reads and scrubs: weft scrub looks at every
+// chunk), each checked again on its server; with repair the servers try
+// to repair them from a good replica first.
+func (f *fscker) checkBadCopies(ctx context.Context) error {
+	bad, repaired, err := f.s.cluster.BadCopies(ctx, f.repair)
+	for _, e := range joinedErrors(err) {
+		f.add(problem(fsckUnchecked, 0, 0, "", false, "bad copies not checked: %v", e))
+	}
+	for range repaired {
+		f.add(problem(fsckBadCopy, 0, 0, "", true, "a bad copy of a chunk was repaired from a good replica"))
+	}
+	for _, b := range bad {
+		u := b.Copy
+		f.add(problem(fsckBadCopy, u.GetChunk().GetIno(), 0, "", false,
+			"chunk %d of inode %d on target %d (%s) of data server %d (%s): %s; not repaired: %s",
+			u.GetChunk().GetIndex(), u.GetChunk().GetIno(), u.GetTargetId(), u.GetTargetDir(), b.ServerID, b.Address,
+			u.GetProblem(), u.GetReason()))
+	}
+	return nil
+}

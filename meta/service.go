@@ -106,6 +106,7 @@ type clusterManager interface {
 	// fsck: the chunks on the chains' serving members (cluster/fsckops.go).
 	ScanChunks(ctx context.Context, visit func(cluster.ChunkReplicas) error) error
 	ProbeChunk(ctx context.Context, chain, ino, index uint64, repair bool) (cluster.ChunkReplicas, error)
+	BadCopies(ctx context.Context, repair bool) ([]cluster.BadCopy, int, error)
 	Run(ctx context.Context)
 	Close() error
 }

@@ -1229,7 +1229,14 @@ func (*PushChunkResponse) Descriptor() ([]byte, []int) {
 // ScrubRequest asks a data server for a full scrub pass now, at full
 // speed, over every chunk of every target (admin: weft scrub).
 type ScrubRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Instead of a pass over every chunk, check again only the bad copies
+	// the server knows of (found by reads and scrubs, not repaired yet):
+	// weft fsck asks this way.
+	Known bool `protobuf:"varint,1,opt,name=known,proto3" json:"known,omitempty"`
+	// With known: try to repair them from a peer, as the server does when
+	// it finds them.
+	Repair        bool `protobuf:"varint,2,opt,name=repair,proto3" json:"repair,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1262,6 +1269,20 @@ func (x *ScrubRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ScrubRequest.ProtoReflect.Descriptor instead.
 func (*ScrubRequest) Descriptor() ([]byte, []int) {
 	return file_proto_weft_v1_data_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ScrubRequest) GetKnown() bool {
+	if x != nil {
+		return x.Known
+	}
+	return false
+}
+
+func (x *ScrubRequest) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
 }
 
 // ScrubResponse counts what the pass found, over all the server's targets.
@@ -1507,8 +1528,10 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\x05chunk\x18\x03 \x01(\v2\x12.weft.v1.FullChunkR\x05chunk\x12\x14\n" +
 	"\x05force\x18\x04 \x01(\bR\x05force\x12\x1b\n" +
 	"\ttarget_id\x18\x05 \x01(\x04R\btargetId\"\x13\n" +
-	"\x11PushChunkResponse\"\x0e\n" +
-	"\fScrubRequest\"\xab\x01\n" +
+	"\x11PushChunkResponse\"<\n" +
+	"\fScrubRequest\x12\x14\n" +
+	"\x05known\x18\x01 \x01(\bR\x05known\x12\x16\n" +
+	"\x06repair\x18\x02 \x01(\bR\x06repair\"\xab\x01\n" +
 	"\rScrubResponse\x12\x16\n" +
 	"\x06chunks\x18\x01 \x01(\x04R\x06chunks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x16\n" +
