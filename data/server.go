@@ -112,8 +112,8 @@ type Server struct {
 	repairMu  sync.Mutex
 	repairing map[repairKey]bool
 	// bad holds the bad copies found and not repaired (badcopies.go).
-	badMu sync.Mutex
-	bad   map[repairKey]*badCopy
+	badMu     sync.Mutex
+	bad       map[repairKey]*badCopy
 	scrubRate *tokenBucket
 	scrubNow  chan struct{}
 
