@@ -151,7 +151,8 @@ func (w *modelWorker) step() error {
 			}
 		}
 	case r < 68:
-		full := Full{Exists: w.rng.IntN(5) != 0, Version: w.rng.Uint64N(1000)}
+		// A chunk holding data has a version of at least 1.
+		full := Full{Exists: w.rng.IntN(5) != 0, Version: 1 + w.rng.Uint64N(1000)}
 		if full.Exists {
 			full.Data = w.bytes(w.rng.Int64N(w.chunkSize + 1))
 		}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -325,31 +325,11 @@ func targetPaths(st *weftv1.StatusResponse) map[uint64]string {
 	return m
 }
 
-// chunkCopy is one target's copy of a chunk: its data and checksum files.
+// chunkCopy is one target's copy of a chunk, as the target reads it.
 type chunkCopy struct {
-	data, crc []byte
-}
-
-// chunkChain reads the chain id from the header of a chunk file.
-func chunkChain(head []byte) (uint64, bool) {
-	if len(head) < 32 || string(head[:7]) != "weftch3" {
-		return 0, false
-	}
-	return binary.LittleEndian.Uint64(head[16:24]), true
-}
-
-// splitChunkFile returns a chunk file's header and the checksums of its
-// blocks (what replicas must agree on; a head may hold stale checksums
-// past the chunk's end), and its data.
-func splitChunkFile(b []byte) (head, data []byte) {
-	off := int(b[7]) << 16 // byte 7 of the header: where the data starts, in 64 KiB
-	length := int(binary.LittleEndian.Uint32(b[24:28]))
-	nsums := (length + 64<<10 - 1) / (64 << 10)
-	head = b[:min(len(b), 32+4*nsums)]
-	if len(b) > off {
-		data = b[off:]
-	}
-	return head, data
+	version uint64
+	data    []byte
+	bad     error // the copy does not read (corrupt)
 }
 
 // chunksOn reads every chunk below target dir written through chain id,
@@ -372,12 +352,12 @@ func chunksOn(t *testing.T, dir string, chain uint64) map[string]chunkCopy {
 		if err != nil {
 			return err
 		}
-		if id, ok := chunkChain(b); !ok || id != chain {
-			return nil
+		dc, err := chunk.Decode(b)
+		if dc.Chain != chain && (err == nil || dc.Chain != 0) {
+			return nil // of another chain (a copy whose head is bad is in every chain's)
 		}
-		head, data := splitChunkFile(b)
 		rel, _ := filepath.Rel(dir, p)
-		out[rel] = chunkCopy{data: data, crc: head}
+		out[rel] = chunkCopy{version: dc.Version, data: dc.Data, bad: err}
 		return nil
 	})
 	if err != nil {
@@ -386,9 +366,8 @@ func chunksOn(t *testing.T, dir string, chain uint64) map[string]chunkCopy {
 	return out
 }
 
-// checkReplicasIdentical compares, for every chain of width r, the chunk
-// files of all its members: same chunks, byte-identical data and
-// checksums. It returns the number of chunks compared.
+// checkReplicasIdentical compares, for every chain of width r, the chunks
+// of all its members: same chunks, same versions, byte-identical data. It returns the number of chunks compared.
 func (c *failCluster) checkReplicasIdentical(r uint32) int {
 	c.t.Helper()
 	n, diffs := c.replicaDiffs(r)
@@ -432,12 +411,15 @@ func (c *failCluster) replicaDiffs(r uint32) (int, []string) {
 				switch {
 				case !ok:
 					diffs = append(diffs, fmt.Sprintf("chain %d: chunk %s is on target %d but not on target %d", ch.GetId(), rel, firstT, m.GetTargetId()))
+				case a.bad != nil || b.bad != nil:
+					diffs = append(diffs, fmt.Sprintf("chain %d: chunk %s does not read on target %d (%v) or %d (%v)",
+						ch.GetId(), rel, firstT, a.bad, m.GetTargetId(), b.bad))
 				case !bytes.Equal(a.data, b.data):
 					diffs = append(diffs, fmt.Sprintf("chain %d: chunk %s differs between targets %d and %d (%d vs %d bytes, first difference at %d)",
 						ch.GetId(), rel, firstT, m.GetTargetId(), len(a.data), len(b.data), firstDiff(a.data, b.data)))
-				case !bytes.Equal(a.crc, b.crc):
-					diffs = append(diffs, fmt.Sprintf("chain %d: checksum file of chunk %s differs between targets %d and %d (version %d vs %d)",
-						ch.GetId(), rel, firstT, m.GetTargetId(), binary.LittleEndian.Uint64(a.crc[8:]), binary.LittleEndian.Uint64(b.crc[8:])))
+				case a.version != b.version:
+					diffs = append(diffs, fmt.Sprintf("chain %d: chunk %s has version %d on target %d and %d on target %d",
+						ch.GetId(), rel, a.version, firstT, b.version, m.GetTargetId()))
 				}
 			}
 			for rel := range got {

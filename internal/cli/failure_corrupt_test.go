@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weft-fs/weft/data/chunk"
 )
 
 // chunkRel is the path of the file of chunk index of inode ino below a
@@ -69,7 +71,12 @@ func readUncached(p string) ([]byte, error) {
 func sameFiles(a, b string) bool {
 	x, err1 := os.ReadFile(a)
 	y, err2 := os.ReadFile(b)
-	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	cx, err1 := chunk.Decode(x)
+	cy, err2 := chunk.Decode(y)
+	return err1 == nil && err2 == nil && cx.Version == cy.Version && cx.Chain == cy.Chain && bytes.Equal(cx.Data, cy.Data)
 }
 
 // TestCorruptChunkRepaired damages one replica of a chunk of each of two

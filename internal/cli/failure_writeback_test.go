@@ -46,8 +46,7 @@ func wantErrno(t *testing.T, what string, err error, e syscall.Errno) {
 // file's length stops where the lost bytes begin, so reading it back
 // (from another mount) gives exactly what was stored, no zeros.
 func TestFailureWriteBackErrorExact(t *testing.T) {
-	wire := freePort(t) // the same lean data path port after the restart
-	c := newFailCluster(t, 1, []string{"--stripe-count", "1"}, func(int) []string { return []string{"--wire-listen", wire} })
+	c := newFailCluster(t, 1, []string{"--stripe-count", "1"}, nil)
 	mnt := c.mount("--on-unavailable", "fail", "--unavailable-timeout", "2s")
 	p := filepath.Join(mnt, "lost")
 	first := pattern("first", 1<<20)
@@ -355,7 +354,7 @@ func writeSync(p string, data []byte) error {
 // chunk is on the data server's disk; without, once the server holds it
 // in memory. The kernel tells which (cachestat(2) on the chunk's file on
 // the data server's target, an ext4 disk here): no dirty or writeback
-// page right after a close with --close-sync, dirty pages without (small
+// page of its data right after a close with --close-sync, dirty pages without (small
 // writes are left to the kernel's write-back, which waits 30 s).
 func TestCloseSyncOption(t *testing.T) {
 	c := newFailCluster(t, 1, []string{"--stripe-count", "1"}, nil)
@@ -383,8 +382,10 @@ func TestCloseSyncOption(t *testing.T) {
 				t.Fatalf("the chunk's file on the data server: %v", err)
 			}
 			defer f.Close()
+			// The chunk's data (2 MiB in; its head holds a record of the
+			// last sync, written after it).
 			var cs unix.Cachestat_t
-			if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{}, &cs, 0); err != nil {
+			if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{Off: 2 << 20}, &cs, 0); err != nil {
 				t.Skipf("cachestat: %v (Linux 6.5 or later)", err)
 			}
 			t.Logf("chunk file pages: %d cached, %d dirty, %d under write-back", cs.Cache, cs.Dirty, cs.Writeback)
