@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weft-fs/weft/internal/disk"
+	"github.com/weft-fs/weft/internal/exerciser"
 )
 
 // powerLossSeedEnv replays one seed of TestPowerLossKeepsWhatWasSynced.
@@ -62,12 +63,26 @@ func TestPowerLossKeepsWhatWasSynced(t *testing.T) {
 		errs := make(chan error, 2)
 		wg.Go(func() { errs <- files.run(root, rand.New(rand.NewPCG(seed, uint64(2*round))), &mu, stop) })
 		wg.Go(func() { errs <- names.run(root, round, rand.New(rand.NewPCG(seed, uint64(2*round+1))), &mu, stop) })
-		time.Sleep(time.Duration(300+rng.IntN(700)) * time.Millisecond)
-		mu.Lock()
-		img := mem.CrashCopy(rng)
-		files.lost()
-		names.lost()
-		mu.Unlock()
+		// The power goes at a random instant, while the exerciser (its
+		// own model checks every read on the live cluster) runs too.
+		lossAfter := time.Duration(300+rng.IntN(700)) * time.Millisecond
+		lost := make(chan *disk.Mem, 1)
+		go func() {
+			time.Sleep(lossAfter)
+			mu.Lock()
+			defer mu.Unlock()
+			img := mem.CrashCopy(rng)
+			files.lost()
+			names.lost()
+			lost <- img
+		}()
+		exDir := filepath.Join(root, "exerciser"+strconv.Itoa(round))
+		if err := os.Mkdir(exDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		exerciser.Run(t, exDir, exerciser.Config{Seed: int64(seed) + int64(round), Ops: 300, MaxFileSize: 2 << 20,
+			ChunkSizeHint: 256 << 10})
+		img := <-lost
 		close(stop)
 		wg.Wait()
 		close(errs)
@@ -82,6 +97,9 @@ func TestPowerLossKeepsWhatWasSynced(t *testing.T) {
 			t.Fatalf("round %d (seed %d): after the power loss: %v", round, seed, err)
 		}
 		if err := names.check(c.MountDir()); err != nil {
+			t.Fatalf("round %d (seed %d): after the power loss: %v", round, seed, err)
+		}
+		if err := readAll(c.MountDir()); err != nil {
 			t.Fatalf("round %d (seed %d): after the power loss: %v", round, seed, err)
 		}
 		t.Logf("round %d: %d fsyncs of data and %d of names acknowledged so far", round, files.syncs, names.syncs)
@@ -411,10 +429,11 @@ func (m *nameModel) check(root string) error {
 		}
 		return fmt.Errorf("names: %d listed; missing %v, unexpected %v (of the last fsynced state); last: %v", len(got), missing, extra, m.log)
 	}
-	// Files created hold what was written and fsynced.
+	// Files created hold what was written and fsynced (the one whose
+	// create was in flight may be empty).
 	for _, e := range entries {
 		n := e.Name()
-		if e.IsDir() {
+		if e.IsDir() || !m.names[n] {
 			continue
 		}
 		if b, err := os.ReadFile(filepath.Join(root, "names", n)); err != nil {
@@ -425,4 +444,19 @@ func (m *nameModel) check(root string) error {
 	}
 	m.names, m.inFlight, m.frozen = got, nil, false
 	return nil
+}
+
+// readAll reads every file below root: after a crash, none may fail.
+func readAll(root string) error {
+	return filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			if _, err := os.ReadFile(p); err != nil {
+				return fmt.Errorf("read %s: %w", p, err)
+			}
+		}
+		return nil
+	})
 }
