@@ -8,6 +8,7 @@ import (
 
 // Crashes: a power loss now (Crash, CrashCopy) or after a given number
 // of changes (CrashAfter), and the image of what it leaves.
+
 // CrashAfter arms a crash: ops more changes (writes, truncates, hole
 // punches, syncs, creates, renames, removes) are made, and instead of
 // the next one the Mem crashes as Crash does, with rng choosing what
