@@ -1,6 +1,7 @@
 package data
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -194,4 +195,35 @@ func probeWrite(path string) error {
 		err = rerr
 	}
 	return err
+}
+
+// flushEvery is how often chunks written and not synced are synced once
+// they are idleFlush old (chunk.Target.SyncIdle).
+const (
+	flushEvery = 10 * time.Second
+	idleFlush  = 30 * time.Second
+)
+
+// flushLoop syncs the chunks written without a sync once the kernel had
+// time to write them back itself, until ctx is done. A sync that fails
+// marks the target's disk as faulty: writes acknowledged on it may not
+// be on the disk.
+func (s *Server) flushLoop(ctx context.Context) {
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, t := range s.store.Targets() {
+			if err := t.SyncIdle(idleFlush); err != nil {
+				if kind := faultKindOf(err); kind != "" {
+					s.markFault(t, kind, err)
+				}
+				s.log.Error("sync chunks written a while ago", "target", t.Dir(), "err", err)
+			}
+		}
+	}
 }

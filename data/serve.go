@@ -49,6 +49,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	loop.Go(func() { s.metaLoop(loopCtx, addr) })
 	loop.Go(func() { s.syncLoop(loopCtx) })
 	loop.Go(func() { s.scrubLoop(loopCtx) })
+	loop.Go(func() { s.flushLoop(loopCtx) })
 	served := make(chan error, 2)
 	go func() { served <- gs.Serve(gl) }()
 	if wl != nil {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 const kib = 1 << 10
@@ -535,5 +536,28 @@ func BenchmarkWriteNew1MiB(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestSyncIdle checks that chunks written without a sync are synced once
+// they are idle long enough, and only then.
+func TestSyncIdle(t *testing.T) {
+	_, tg := openTestStore(t, Options{})
+	id := ID{Ino: 9, Index: 0}
+	if _, err := tg.Write(id, 1, 0, pattern(1, 5000), MaxChunkSize, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tg.SyncIdle(time.Hour); err != nil || !tg.unsyncedHas(id) {
+		t.Fatalf("a chunk written just now was synced as idle: %v", err)
+	}
+	if err := tg.SyncIdle(0); err != nil || tg.unsyncedHas(id) {
+		t.Fatalf("an idle chunk was not synced: %v", err)
+	}
+	b, err := os.ReadFile(tg.inlinePath(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeSynced(id, b[syncedOff:]); got != 1 {
+		t.Errorf("synced record %d after the sync, want 1", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 )
 
 // What is durable.
@@ -23,8 +24,9 @@ import (
 // (write.go) and, written into the chunk file after each sync, which
 // copies a recovery after a crash must check (chunkfile.go).
 type syncState struct {
-	written uint64 // version of the last write
-	synced  uint64 // version durable at the last sync
+	written uint64    // version of the last write
+	synced  uint64    // version durable at the last sync
+	at      time.Time // when the last write was
 }
 
 // noteWrite records a write of chunk id as version; prev is its version
@@ -42,7 +44,7 @@ func (t *Target) noteWrite(id ID, prev, version uint64) {
 		st = &syncState{synced: prev}
 		m[id.Index] = st
 	}
-	st.written = version
+	st.written, st.at = version, time.Now()
 }
 
 // syncedFloor returns the version chunk id is durable at (noFloor if
@@ -141,11 +143,23 @@ func (t *Target) SyncFile(ino uint64) error {
 }
 
 // syncAll syncs every chunk of the target written since its last sync.
-func (t *Target) syncAll() error {
+func (t *Target) syncAll() error { return t.SyncIdle(0) }
+
+// SyncIdle syncs the chunks last written more than age ago and not
+// synced since. The kernel writes such chunks back by itself (after 30 s
+// by default), so the sync is cheap; it bounds the chunks the target
+// keeps records of, and what a restart must recover.
+func (t *Target) SyncIdle(age time.Duration) error {
 	t.syncMu.Lock()
-	inos := make([]uint64, 0, len(t.unsynced))
-	for ino := range t.unsynced {
-		inos = append(inos, ino)
+	var inos []uint64
+	now := time.Now()
+	for ino, m := range t.unsynced {
+		for _, st := range m {
+			if now.Sub(st.at) >= age {
+				inos = append(inos, ino)
+				break
+			}
+		}
 	}
 	t.syncMu.Unlock()
 	slices.Sort(inos)
