@@ -355,9 +355,20 @@ func (t *Target) openForReadDirect(id ID, wantLo, wantHi int64) (Opened, bool) {
 	t.readInBackground(fd, inlineDataOff, wantLo, wantHi, max(min(st.Size-inlineDataOff, MaxChunkSize), 0))
 	buf := headPool.Get().(*[headSize]byte)
 	defer headPool.Put(buf)
-	n, err := syscall.Pread(fd, buf[:], 0)
+	// The head of a chunk of up to 126 blocks is in its first page: read
+	// that, and the rest only if the header says there is more.
+	n, err := syscall.Pread(fd, buf[:4096], 0)
 	if err != nil || n < headerSize {
 		return Opened{}, false
+	}
+	if h, herr := decodeHeader(buf[:n]); herr == nil && n == 4096 {
+		if want := int(entriesOff + nblocks(h.length)*blockEntries); want > n {
+			m, err := syscall.Pread(fd, buf[n:want], int64(n))
+			if err != nil {
+				return Opened{}, false
+			}
+			n += m
+		}
 	}
 	f := &chunkFile{key: cacheKey{t, id}}
 	synced, stale := t.parseHead(f, buf[:n])
