@@ -52,7 +52,7 @@ type cluster struct {
 type metaNode struct {
 	i                  int
 	dir                string
-	listen, wireListen string           // its own ports, kept across restarts
+	listen, wireListen string            // its own ports, kept across restarts
 	front, wireFront   *faultproxy.Proxy // what everyone else dials
 	etcdLink           *faultproxy.Proxy // its link to etcd (etcd engine)
 
