@@ -148,7 +148,7 @@ func setUpWorkers(c *cluster, rec *recorder) ([]*dataWorker, []*metaWorker, erro
 				return nil, nil, fmt.Errorf("mkdir %s: %w", d, err)
 			}
 		}
-		datas = append(datas, newDataWorker(fmt.Sprintf("data worker %d (mount%d, %s)", i+1, i+1, dd), m, dd, seed*1000+uint64(i), rec))
+		datas = append(datas, newDataWorker(fmt.Sprintf("data worker %d (mount%d, %s)", i+1, i+1, dd), m, dd, seed*1000+uint64(i), c.cfg.RecoveryBound, rec))
 		metas = append(metas, newMetaWorker(fmt.Sprintf("metadata worker %d (mount%d, %s)", i+1, i+1, md), m, md, seed*1000+500+uint64(i), rec))
 	}
 	return datas, metas, nil

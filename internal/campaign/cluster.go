@@ -300,20 +300,25 @@ func (c *cluster) addMount() (*mountNode, error) {
 	return m, c.startMount(m)
 }
 
-// downMount takes mount m down after its process was stopped: its root
-// descriptor is closed and the mount detached, so that every call on it
-// fails (ENOTCONN) instead of waiting.
+// downMount takes mount m down after its process was stopped: the
+// workloads leave it (markDown) and it is detached, its connection
+// aborted, so that every call on it fails (ENOTCONN) instead of waiting.
 func (c *cluster) downMount(m *mountNode) error {
+	c.markDown(m)
+	return detach(m.point)
+}
+
+// markDown tells the workloads that mount m goes away: they close their
+// files on it; its root descriptor is closed.
+func (c *cluster) markDown(m *mountNode) {
 	m.mu.Lock()
 	root := m.root
 	m.root, m.alive = -1, false
 	m.gen++
 	m.mu.Unlock()
-	err := detach(m.point)
 	if root >= 0 {
 		syscall.Close(root)
 	}
-	return err
 }
 
 // rootOf returns mount m's root descriptor and generation; ok is false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // dataModel is what a data workload knows of one of its files: what was
@@ -22,7 +23,16 @@ type dataModel struct {
 	cur    []byte // content as this client wrote it
 	edits  []edit // since the last acknowledgement
 	failed bool   // an operation failed since the last acknowledgement
+	// late are the writes of a failed state that was settled (adopt):
+	// sent before a failure (a mount killed, a chain stalled), they may
+	// still be in a chain and land after the file was read back, until
+	// lateUntil.
+	late      []edit
+	lateUntil time.Time
 }
+
+// maxLate bounds the late writes a model keeps.
+const maxLate = 64
 
 // edit is a write (data at off) or a truncation (to size).
 type edit struct {
@@ -71,10 +81,47 @@ func (m *dataModel) ack() {
 }
 
 // adopt makes got, what the file was found to hold (and then synced),
-// both the acknowledged and the current content.
-func (m *dataModel) adopt(got []byte) {
+// both the acknowledged and the current content. The writes since the
+// last acknowledgement may still land until lateUntil.
+func (m *dataModel) adopt(got []byte, lateUntil time.Time) {
+	for _, e := range m.edits {
+		if !e.trunc {
+			m.late = append(m.late, e)
+		}
+	}
+	if len(m.late) > maxLate {
+		m.late = m.late[len(m.late)-maxLate:]
+	}
+	m.lateUntil = lateUntil
 	m.cur = slices.Clone(got)
 	m.ack()
+}
+
+// lateWrite reports whether byte i reading b is a late write landing.
+func (m *dataModel) lateWrite(i int64, b byte) bool {
+	if time.Now().After(m.lateUntil) {
+		return false
+	}
+	for _, e := range m.late {
+		if i >= e.off && i < e.off+int64(len(e.data)) && e.data[i-e.off] == b {
+			return true
+		}
+	}
+	return false
+}
+
+// lateExplains reports whether every byte where got and want differ is a
+// late write landing (and they differ somewhere).
+func (m *dataModel) lateExplains(off int64, got, want []byte) bool {
+	if len(got) != len(want) || string(got) == string(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != want[i] && !m.lateWrite(off+int64(i), got[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // forget resets the model to a file that does not exist.
@@ -143,7 +190,7 @@ func (m *dataModel) explain(got []byte) string {
 				break
 			}
 		}
-		if !ok {
+		if !ok && !m.lateWrite(i, b) {
 			return fmt.Sprintf("byte %d is %#02x: neither the acknowledged %#02x nor a value written since (%d changes since the acknowledgement of %d bytes)",
 				i, b, base, len(m.edits), len(m.acked))
 		}

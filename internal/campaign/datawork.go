@@ -28,7 +28,8 @@ const (
 // dataWorker writes, truncates, syncs, closes and reads back files of its
 // own directory on one mount, and checks every read against its model.
 type dataWorker struct {
-	name  string
+	name    string
+	lateFor time.Duration // how long writes from before a failure may land
 	m     *mountNode
 	dir   string
 	rng   *rand.Rand
@@ -47,12 +48,12 @@ type dataFile struct {
 	reason string // the failure that left the model open
 }
 
-func newDataWorker(name string, m *mountNode, dir string, seed uint64, rec *recorder) *dataWorker {
+func newDataWorker(name string, m *mountNode, dir string, seed uint64, lateFor time.Duration, rec *recorder) *dataWorker {
 	var key [32]byte
 	for i := range 8 {
 		key[i] = byte(seed >> (8 * i))
 	}
-	w := &dataWorker{name: name, m: m, dir: dir, rng: rand.New(rand.NewPCG(seed, 0xda7a)), data: rand.NewChaCha8(key), rec: rec}
+	w := &dataWorker{name: name, lateFor: lateFor, m: m, dir: dir, rng: rand.New(rand.NewPCG(seed, 0xda7a)), data: rand.NewChaCha8(key), rec: rec}
 	for i := range dataFiles {
 		w.files = append(w.files, &dataFile{path: path.Join(dir, fmt.Sprintf("f%d", i)), fd: -1})
 	}
@@ -93,15 +94,19 @@ func (w *dataWorker) fail(f *dataFile, what string, err error) {
 
 func (w *dataWorker) step() {
 	root, gen, ok := w.m.rootOf()
+	for _, f := range w.files {
+		if f.fd >= 0 && f.gen != gen {
+			// Closed at once: a mount stopped cleanly goes away when
+			// its last file is closed.
+			w.fail(f, "its mount went away", errors.New("mount stopped"))
+		}
+	}
 	if !ok {
 		time.Sleep(downPause)
 		return
 	}
 	var usable []*dataFile
 	for _, f := range w.files {
-		if f.fd >= 0 && f.gen != gen {
-			w.fail(f, "its mount went away", errors.New("mount restarted"))
-		}
 		if f.model.failed {
 			w.recoverFile(root, f)
 		}
@@ -234,6 +239,12 @@ func (w *dataWorker) readBack(f *dataFile) {
 		return
 	}
 	if string(got) != string(want) {
+		if f.model.lateExplains(off, got, want) {
+			w.rec.note("%s: a write sent to %s before a failure landed after the file was read back and synced",
+				w.name, f.path)
+			f.model.failed, f.reason = true, "a write from before a failure landed late"
+			return
+		}
 		w.rec.find("%s: read of %s at %d (%d bytes asked) returned wrong data without an error: %s",
 			w.name, f.path, off, n, describeDiff(got, want))
 		f.model.failed, f.reason = true, "wrong data read"
@@ -325,7 +336,7 @@ func (w *dataWorker) recoverFile(root int, f *dataFile) {
 	if w.call("close to recover", func() error { return unix.Close(cfd) }) != nil {
 		return
 	}
-	f.model.adopt(got)
+	f.model.adopt(got, time.Now().Add(w.lateFor))
 	f.since = 0
 }
 

@@ -14,12 +14,27 @@ type injector struct {
 	c   *cluster
 	rec *recorder
 
-	mu     sync.Mutex
-	active map[string]int // faults in force by target name
+	mu      sync.Mutex
+	active  map[string]int         // faults in force by target name
+	targets map[string]*sync.Mutex // held by the fault in force on a target
 }
 
 func newInjector(c *cluster, rec *recorder) *injector {
-	return &injector{c: c, rec: rec, active: map[string]int{}}
+	return &injector{c: c, rec: rec, active: map[string]int{}, targets: map[string]*sync.Mutex{}}
+}
+
+// lockTarget waits until target has no fault in force (a fault's healing
+// may take longer than the schedule planned) and holds it.
+func (in *injector) lockTarget(target string) *sync.Mutex {
+	in.mu.Lock()
+	l := in.targets[target]
+	if l == nil {
+		l = new(sync.Mutex)
+		in.targets[target] = l
+	}
+	in.mu.Unlock()
+	l.Lock()
+	return l
 }
 
 // busy reports whether target has a fault in force (the watchdog leaves
@@ -52,6 +67,12 @@ func (in *injector) run(t0 time.Time, s Schedule, stop <-chan struct{}) {
 			}
 			in.mark(f.targetName(), 1)
 			defer in.mark(f.targetName(), -1)
+			l := in.lockTarget(f.targetName())
+			defer l.Unlock()
+			if late := time.Since(t0.Add(f.At)); late > time.Second {
+				in.c.cfg.Logf("%s fault %s starts %.1fs late: the last fault of its target took longer to heal",
+					time.Now().Format("15:04:05.000"), f, late.Seconds())
+			}
 			w := in.rec.open(f)
 			in.c.cfg.Logf("%s fault: %s", time.Now().Format("15:04:05.000"), f)
 			heal, err := in.inject(f)
@@ -135,12 +156,17 @@ func (in *injector) inject(f Fault) (func() error, error) {
 		p := mt.proc
 		mt.mu.Unlock()
 		switch f.Kind {
-		case ClientKill, ClientStop:
+		case ClientKill:
+			p.stop(syscall.SIGKILL, 10*time.Second)
+			return func() error { return c.startMount(mt) }, c.downMount(mt)
+		case ClientStop:
+			// As an administrator stops a mount in use: the
+			// applications close their files, and weft mount
+			// flushes, unmounts and exits.
+			c.markDown(mt)
 			var err error
-			if f.Kind == ClientKill {
-				p.stop(syscall.SIGKILL, 10*time.Second)
-			} else if !p.stop(syscall.SIGTERM, cleanStopWait) {
-				err = fmt.Errorf("weft mount did not stop within %v of SIGTERM (killed)", cleanStopWait)
+			if !p.stop(syscall.SIGTERM, cleanStopWait) {
+				err = fmt.Errorf("weft mount did not exit within %v of SIGTERM though every file on it was closed (killed)", cleanStopWait)
 			}
 			if derr := c.downMount(mt); derr != nil && err == nil {
 				err = derr

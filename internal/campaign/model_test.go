@@ -113,6 +113,20 @@ func TestDataModelExplain(t *testing.T) {
 			t.Errorf("%s: explain(%q) = %q, want ok %v", tt.name, tt.got, why, tt.ok)
 		}
 	}
+	// A write sent before a failure may land after the file was read
+	// back and synced, for a while.
+	late := base()
+	late.noteWriteAttempt(2, []byte("zz"))
+	late.failed = true
+	late.adopt([]byte("0123456789"), time.Now().Add(time.Hour))
+	if !late.lateExplains(0, []byte("01zz456789"), late.cur) || late.lateExplains(0, []byte("01zy456789"), late.cur) {
+		t.Error("a late write is not told from other bytes")
+	}
+	late.lateUntil = time.Now().Add(-time.Second)
+	if late.lateExplains(0, []byte("01zz456789"), late.cur) {
+		t.Error("a late write explains bytes after its time")
+	}
+
 	var m dataModel // a creation never acknowledged
 	m.write(0, []byte("abc"))
 	m.failed = true

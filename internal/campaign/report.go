@@ -37,11 +37,12 @@ type recorder struct {
 	errs     []opErr
 	windows  []*window
 	findings []Finding
+	notes    map[string]int
 	logf     func(string, ...any)
 }
 
 func newRecorder(logf func(string, ...any)) *recorder {
-	return &recorder{ops: map[string]int{}, logf: logf}
+	return &recorder{ops: map[string]int{}, notes: map[string]int{}, logf: logf}
 }
 
 // done records the end of an operation that started at start.
@@ -62,6 +63,19 @@ func (r *recorder) find(format string, args ...any) {
 	r.findings = append(r.findings, f)
 	r.mu.Unlock()
 	r.logf("FINDING %s: %s", f.At.Format("15:04:05.000"), f.What)
+}
+
+// note records something allowed but worth counting (a late write), and
+// logs it.
+func (r *recorder) note(format string, args ...any) {
+	what := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	r.notes[what]++
+	first := r.notes[what] == 1
+	r.mu.Unlock()
+	if first {
+		r.logf("note %s: %s", time.Now().Format("15:04:05.000"), what)
+	}
 }
 
 // open records a fault's injection and returns its window.
@@ -133,8 +147,12 @@ func (r *recorder) summary(excused map[Kind]int) string {
 		exc = append(exc, fmt.Sprintf("%s %d", k, n))
 	}
 	sort.Strings(exc)
-	return fmt.Sprintf("%d operations succeeded (%s); %d failed, excused by the fault in force: %s",
-		total, strings.Join(ops, ", "), len(r.errs), strings.Join(exc, ", "))
+	notes := 0
+	for _, n := range r.notes {
+		notes += n
+	}
+	return fmt.Sprintf("%d operations succeeded (%s); %d failed, excused by the fault in force: %s; %d late writes",
+		total, strings.Join(ops, ", "), len(r.errs), strings.Join(exc, ", "), notes)
 }
 
 // Findings returns the findings so far.
