@@ -30,12 +30,12 @@ const (
 type dataWorker struct {
 	name    string
 	lateFor time.Duration // how long writes from before a failure may land
-	m     *mountNode
-	dir   string
-	rng   *rand.Rand
-	data  *rand.ChaCha8
-	rec   *recorder
-	files []*dataFile
+	m       *mountNode
+	dir     string
+	rng     *rand.Rand
+	data    *rand.ChaCha8
+	rec     *recorder
+	files   []*dataFile
 }
 
 // dataFile is one file of a data worker.
