@@ -49,11 +49,9 @@ func Run(cfg Config) (*Result, error) {
 		cfg.Seed, cfg.Engine, cfg.MetaServers, cfg.DataServers, cfg.Mounts, cfg.Duration, cfg.RecoveryBound)
 	logf("campaign: replay with %s", cfg.Replay())
 	c, err := startCluster(cfg)
-	if c != nil {
-		defer c.stop()
-	}
+	defer c.stop()
 	if err != nil {
-		return res, fmt.Errorf("start the cluster: %w (logs in %s)", err, c.logDir)
+		return res, fmt.Errorf("start the cluster: %w", err)
 	}
 	shape := Shape{DataServers: cfg.DataServers, MetaServers: cfg.MetaServers, Mounts: cfg.Mounts,
 		Proxied: func(i int) bool { return c.data[i].proxied }}

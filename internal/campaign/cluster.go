@@ -24,6 +24,10 @@ const (
 	stripeCount   = "4"
 	startTimeout  = 30 * time.Second
 	cleanStopWait = 20 * time.Second
+	// unavailableTimeout is the mounts' --unavailable-timeout: shorter
+	// than most outages of a chain (every member down), so that they
+	// reach the applications as errors and exercise the error paths.
+	unavailableTimeout = 5 * time.Second
 )
 
 // cluster is the campaign's weft processes and the proxies between them.
@@ -93,16 +97,19 @@ func startCluster(cfg Config) (*cluster, error) {
 	c := &cluster{cfg: cfg, logDir: filepath.Join(cfg.Dir, "logs")}
 	c.env = []string{"WEFT_EXE=" + cfg.Weft, "WEFT_RUNTIME_DIR=" + filepath.Join(cfg.Dir, "run")}
 	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
-		return nil, err
+		return c, err
 	}
 	var err error
 	if c.spawn, err = startSpawner(); err != nil {
-		return nil, err
+		return c, err
 	}
 	if cfg.Engine == Etcd {
+		if err := os.MkdirAll(filepath.Join(cfg.Dir, "etcd"), 0o755); err != nil {
+			return c, err
+		}
 		srv, err := etcdtest.Launch(filepath.Join(cfg.Dir, "etcd"))
 		if err != nil {
-			return nil, err
+			return c, err
 		}
 		c.etcd = srv
 	}
@@ -264,7 +271,8 @@ func (c *cluster) startMount(m *mountNode) error {
 	if err := os.MkdirAll(m.point, 0o755); err != nil {
 		return err
 	}
-	p, err := startProc(c.spawn, c.cfg.Weft, c.logDir, c.name("mount", m.i), c.env, "mount", "--meta", c.metaAddrs(), m.point)
+	p, err := startProc(c.spawn, c.cfg.Weft, c.logDir, c.name("mount", m.i), c.env, "mount", "--meta", c.metaAddrs(),
+		"--unavailable-timeout", unavailableTimeout.String(), m.point)
 	if err != nil {
 		return err
 	}
