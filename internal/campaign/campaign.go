@@ -28,10 +28,6 @@ type Result struct {
 	Summary string
 }
 
-// quietExtra is how long the workloads run after the recovery bound of
-// the last fault, when every operation must succeed.
-const quietExtra = 10 * time.Second
-
 // Run runs a campaign: it starts a cluster of weft processes under
 // cfg.Dir, runs the workloads on its mounts while the seeded schedule
 // injects faults, heals everything, lets the workloads run on past the
@@ -89,7 +85,7 @@ func Run(cfg Config) (*Result, error) {
 
 	in.run(time.Now(), res.Schedule, nil)
 	healAll(c, rec)
-	quiet := cfg.RecoveryBound + quietExtra
+	quiet := cfg.Quiet
 	logf("%s campaign: every fault healed; the workloads go on for %v (errors after %v are findings)",
 		time.Now().Format("15:04:05.000"), quiet, cfg.RecoveryBound)
 	time.Sleep(quiet)

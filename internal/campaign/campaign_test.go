@@ -82,7 +82,7 @@ func TestCampaignEmbedded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runShort(t, Config{Duration: 25 * time.Second, Kinds: kinds, RecoveryBound: 10 * time.Second})
+	runShort(t, Config{Duration: 25 * time.Second, Kinds: kinds, RecoveryBound: 8 * time.Second, Quiet: 12 * time.Second})
 }
 
 // TestCampaignEtcd runs a short campaign with two meta servers over
@@ -99,7 +99,7 @@ func TestCampaignEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runShort(t, Config{Engine: Etcd, Duration: 25 * time.Second, Kinds: kinds, RecoveryBound: 10 * time.Second})
+	runShort(t, Config{Engine: Etcd, Duration: 25 * time.Second, Kinds: kinds, RecoveryBound: 8 * time.Second, Quiet: 12 * time.Second})
 }
 
 // shortKinds are the fault kinds of the embedded campaign in the test

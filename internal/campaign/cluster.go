@@ -368,13 +368,14 @@ func (c *cluster) procs() map[string]*proc {
 // etcd, the proxies.
 func (c *cluster) stop() {
 	for _, m := range c.mounts {
+		c.markDown(m) // a mount in use goes away only when its files are closed
 		m.mu.Lock()
 		p := m.proc
 		m.mu.Unlock()
 		if p != nil {
 			p.stop(syscall.SIGTERM, 10*time.Second)
 		}
-		c.downMount(m)
+		detach(m.point)
 	}
 	for _, d := range c.data {
 		d.mu.Lock()

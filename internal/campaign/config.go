@@ -107,6 +107,9 @@ func ParseKinds(s string) ([]Kind, error) {
 }
 
 func joinKinds(ks []Kind) string {
+	if len(ks) == 0 {
+		return "none"
+	}
 	s := make([]string, len(ks))
 	for i, k := range ks {
 		s[i] = string(k)
@@ -155,6 +158,10 @@ type Config struct {
 	// happen (default 20s): an operation that starts later than that
 	// after the end of every fault must succeed.
 	RecoveryBound time.Duration
+	// Quiet is how long the workloads run on after every fault is
+	// healed (default RecoveryBound + 10s); what they do after
+	// RecoveryBound must succeed.
+	Quiet time.Duration
 	// Overlap is the probability that a fault starts before the last
 	// one ended (default 0.2; negative: never).
 	Overlap float64
@@ -208,6 +215,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RecoveryBound <= 0 {
 		c.RecoveryBound = defaultRecoveryBound
+	}
+	if c.Quiet <= 0 {
+		c.Quiet = c.RecoveryBound + 10*time.Second
+	}
+	if c.Quiet <= c.RecoveryBound {
+		return c, fmt.Errorf("campaign: the quiet phase (%v) must be longer than the recovery bound (%v)", c.Quiet, c.RecoveryBound)
 	}
 	if c.Overlap == 0 {
 		c.Overlap = defaultOverlap
