@@ -3,6 +3,7 @@ package campaign
 import (
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -142,7 +143,9 @@ func setUpWorkers(c *cluster, rec *recorder) ([]*dataWorker, []*metaWorker, erro
 				return nil, nil, fmt.Errorf("mkdir %s: %w", d, err)
 			}
 		}
-		datas = append(datas, newDataWorker(fmt.Sprintf("data worker %d (mount%d, %s)", i+1, i+1, dd), m, dd, seed*1000+uint64(i), c.cfg.RecoveryBound, rec))
+		dw := newDataWorker(fmt.Sprintf("data worker %d (mount%d, %s)", i+1, i+1, dd), m, dd, seed*1000+uint64(i), c.cfg.RecoveryBound, rec)
+		dw.evidenceDir = filepath.Join(c.cfg.Dir, "evidence")
+		datas = append(datas, dw)
 		metas = append(metas, newMetaWorker(fmt.Sprintf("metadata worker %d (mount%d, %s)", i+1, i+1, md), m, md, seed*1000+500+uint64(i), rec))
 	}
 	return datas, metas, nil

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,22 +31,26 @@ const (
 // dataWorker writes, truncates, syncs, closes and reads back files of its
 // own directory on one mount, and checks every read against its model.
 type dataWorker struct {
-	name    string
-	lateFor time.Duration // how long writes from before a failure may land
-	m       *mountNode
-	dir     string
-	rng     *rand.Rand
-	data    *rand.ChaCha8
-	rec     *recorder
-	files   []*dataFile
+	evidenceDir string // where findings' contents are saved
+	evidenceN   int
+	name        string
+	lateFor     time.Duration // how long writes from before a failure may land
+	m           *mountNode
+	dir         string
+	rng         *rand.Rand
+	data        *rand.ChaCha8
+	rec         *recorder
+	files       []*dataFile
 }
 
 // dataFile is one file of a data worker.
 type dataFile struct {
 	path   string
-	fd     int // -1 while closed
-	gen    int // the mount generation fd belongs to
-	since  int // operations since the last acknowledgement
+	ino    uint64   // from fstat at its last open
+	hist   []string // its last operations
+	fd     int      // -1 while closed
+	gen    int      // the mount generation fd belongs to
+	since  int      // operations since the last acknowledgement
 	model  dataModel
 	reason string // the failure that left the model open
 }
@@ -72,12 +79,36 @@ func (w *dataWorker) run(stop <-chan struct{}) {
 	}
 }
 
-// call runs one system call of the workload and records it.
-func (w *dataWorker) call(op string, fn func() error) error {
+// call runs one system call of the workload on f and records it (and in
+// f's history, with detail).
+func (w *dataWorker) call(f *dataFile, op, detail string, fn func() error) error {
 	start := time.Now()
 	err := fn()
 	w.rec.done(w.name, op, start, err)
+	result := "ok"
+	if err != nil {
+		result = err.Error()
+	}
+	f.hist = append(f.hist, fmt.Sprintf("%s %s %s: %s", start.Format("15:04:05.000"), op, detail, result))
+	if len(f.hist) > historyLen {
+		f.hist = f.hist[len(f.hist)-historyLen:]
+	}
 	return err
+}
+
+// historyLen is how many operations a file's history keeps.
+const historyLen = 40
+
+// evidence saves got and want of a finding on f under the campaign's
+// directory and returns what to add to the finding: the inode, where the
+// evidence is, and f's recent operations.
+func (w *dataWorker) evidence(f *dataFile, got, want []byte) string {
+	w.evidenceN++
+	base := filepath.Join(w.evidenceDir, fmt.Sprintf("%s-%s-%d", strings.ReplaceAll(w.dir, "/", "_"), path.Base(f.path), w.evidenceN))
+	os.MkdirAll(w.evidenceDir, 0o755)
+	os.WriteFile(base+".got", got, 0o644)
+	os.WriteFile(base+".want", want, 0o644)
+	return fmt.Sprintf(" [inode %d; contents in %s.{got,want}; its last operations:\n    %s]", f.ino, base, strings.Join(f.hist, "\n    "))
 }
 
 // fail leaves f's model open after err.
@@ -126,7 +157,15 @@ func (w *dataWorker) step() {
 			flags |= unix.O_TRUNC
 		}
 		var fd int
-		err := w.call("open", func() (err error) { fd, err = unix.Openat(root, f.path, flags|unix.O_CLOEXEC, 0o644); return })
+		err := w.call(f, "open", fmt.Sprintf("flags %#x", flags), func() (err error) {
+			if fd, err = unix.Openat(root, f.path, flags|unix.O_CLOEXEC, 0o644); err == nil {
+				var st unix.Stat_t
+				if unix.Fstat(fd, &st) == nil {
+					f.ino = st.Ino
+				}
+			}
+			return
+		})
 		if err != nil {
 			if trunc {
 				f.model.noteTruncateAttempt(0)
@@ -159,7 +198,7 @@ func (w *dataWorker) op(f *dataFile) {
 		w.write(f, off, w.length(off))
 	case r < 56:
 		size := w.offset(int64(len(f.model.cur)))
-		err := w.call("ftruncate", func() error { return unix.Ftruncate(f.fd, size) })
+		err := w.call(f, "ftruncate", fmt.Sprintf("to %d", size), func() error { return unix.Ftruncate(f.fd, size) })
 		if err != nil {
 			f.model.noteTruncateAttempt(size)
 			w.fail(f, fmt.Sprintf("ftruncate to %d", size), err)
@@ -170,7 +209,7 @@ func (w *dataWorker) op(f *dataFile) {
 		w.readBack(f)
 	case r < 84:
 		var st unix.Stat_t
-		if err := w.call("fstat", func() error { return unix.Fstat(f.fd, &st) }); err != nil {
+		if err := w.call(f, "fstat", "", func() error { return unix.Fstat(f.fd, &st) }); err != nil {
 			w.fail(f, "fstat", err)
 			return
 		}
@@ -179,7 +218,7 @@ func (w *dataWorker) op(f *dataFile) {
 			f.model.failed, f.reason = true, "wrong size"
 		}
 	case r < 95:
-		if err := w.call("fsync", func() error { return unix.Fsync(f.fd) }); err != nil {
+		if err := w.call(f, "fsync", "", func() error { return unix.Fsync(f.fd) }); err != nil {
 			w.fail(f, "fsync", err)
 			return
 		}
@@ -188,7 +227,7 @@ func (w *dataWorker) op(f *dataFile) {
 	default:
 		fd := f.fd
 		f.fd = -1
-		if err := w.call("close", func() error { return unix.Close(fd) }); err != nil {
+		if err := w.call(f, "close", "", func() error { return unix.Close(fd) }); err != nil {
 			w.fail(f, "close", err)
 			return
 		}
@@ -201,7 +240,7 @@ func (w *dataWorker) op(f *dataFile) {
 func (w *dataWorker) write(f *dataFile, off, n int64) {
 	buf := make([]byte, n)
 	w.data.Read(buf)
-	err := w.call("pwrite", func() error {
+	err := w.call(f, "pwrite", fmt.Sprintf("%d bytes at %d", n, off), func() error {
 		for done := int64(0); done < n; {
 			k, err := unix.Pwrite(f.fd, buf[done:], off+done)
 			if err != nil {
@@ -233,7 +272,7 @@ func (w *dataWorker) readBack(f *dataFile) {
 	}
 	want := f.model.cur[min(off, size):min(off+n, size)]
 	var got []byte
-	err := w.call("pread", func() (err error) { got, err = preadFull(f.fd, off, n); return })
+	err := w.call(f, "pread", fmt.Sprintf("%d bytes at %d", n, off), func() (err error) { got, err = preadFull(f.fd, off, n); return })
 	if err != nil {
 		w.fail(f, fmt.Sprintf("pread of %d bytes at %d", n, off), err)
 		return
@@ -245,8 +284,8 @@ func (w *dataWorker) readBack(f *dataFile) {
 			f.model.failed, f.reason = true, "a write from before a failure landed late"
 			return
 		}
-		w.rec.find("%s: read of %s at %d (%d bytes asked) returned wrong data without an error: %s",
-			w.name, f.path, off, n, describeDiff(got, want))
+		w.rec.find("%s: read of %s at %d (%d bytes asked) returned wrong data without an error: %s%s",
+			w.name, f.path, off, n, describeDiff(got, want), w.evidence(f, got, want))
 		f.model.failed, f.reason = true, "wrong data read"
 	}
 }
@@ -294,9 +333,12 @@ func readWhole(root int, p string) ([]byte, error) {
 // it the acknowledged content. It stays failed if any step fails (the
 // next step tries again).
 func (w *dataWorker) recoverFile(root int, f *dataFile) {
-	start := time.Now()
-	fd, err := unix.Openat(root, f.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
-	w.rec.done(w.name, "open to recover", start, ignoreENOENT(err))
+	var fd int
+	var err error
+	w.call(f, "open to recover", "", func() error {
+		fd, err = unix.Openat(root, f.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		return ignoreENOENT(err) // ENOENT is an answer
+	})
 	if errors.Is(err, unix.ENOENT) {
 		if f.model.exists {
 			w.rec.find("%s: %s is gone: its creation was acknowledged (after %s)", w.name, f.path, f.reason)
@@ -312,28 +354,41 @@ func (w *dataWorker) recoverFile(root int, f *dataFile) {
 			unix.Close(fd)
 		}
 	}()
+	// Read twice: through the mount's page cache, as the application
+	// would, then with the cache dropped, as the data servers have it.
+	// The two must agree: the kernel may drop the cache at any time.
 	var st unix.Stat_t
-	var got []byte
-	err = w.call("read to recover", func() error {
+	var cached, got []byte
+	err = w.call(f, "read to recover", "", func() error {
 		if err := unix.Fstat(fd, &st); err != nil {
 			return err
 		}
 		var err error
+		if cached, err = preadFull(fd, 0, st.Size+1); err != nil {
+			return err
+		}
+		if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
+			return err
+		}
 		got, err = preadFull(fd, 0, st.Size+1)
 		return err
 	})
 	if err != nil {
 		return
 	}
-	if why := f.model.explain(got); why != "" {
-		w.rec.find("%s: %s after %s holds what no acknowledged state explains: %s", w.name, f.path, f.reason, why)
+	if string(cached) != string(got) {
+		w.rec.find("%s: %s after %s: the mount's cache disagrees with the data servers (cached, then uncached: %s)%s",
+			w.name, f.path, f.reason, describeDiff(cached, got), w.evidence(f, cached, got))
 	}
-	if w.call("fsync to recover", func() error { return unix.Fsync(fd) }) != nil {
+	if why := f.model.explain(got); why != "" {
+		w.rec.find("%s: %s after %s holds what no acknowledged state explains: %s%s", w.name, f.path, f.reason, why, w.evidence(f, got, f.model.acked))
+	}
+	if w.call(f, "fsync to recover", "", func() error { return unix.Fsync(fd) }) != nil {
 		return
 	}
 	cfd := fd
 	fd = -1
-	if w.call("close to recover", func() error { return unix.Close(cfd) }) != nil {
+	if w.call(f, "close to recover", "", func() error { return unix.Close(cfd) }) != nil {
 		return
 	}
 	f.model.adopt(got, time.Now().Add(w.lateFor))
@@ -355,7 +410,7 @@ func (w *dataWorker) finish() {
 		if f.fd >= 0 {
 			fd := f.fd
 			f.fd = -1
-			if err := w.call("close", func() error { return unix.Close(fd) }); err != nil {
+			if err := w.call(f, "close", "final", func() error { return unix.Close(fd) }); err != nil {
 				w.fail(f, "final close", err)
 			} else {
 				f.model.ack()
@@ -386,7 +441,7 @@ func (w *dataWorker) check(root int) int {
 		case !f.model.exists:
 			w.rec.find("%s: %s exists (%d bytes) though its creation was never acknowledged nor seen", w.name, f.path, len(got))
 		case string(got) != string(f.model.acked):
-			w.rec.find("%s: %s through a fresh mount: %s", w.name, f.path, describeDiff(got, f.model.acked))
+			w.rec.find("%s: %s through a fresh mount: %s%s", w.name, f.path, describeDiff(got, f.model.acked), w.evidence(f, got, f.model.acked))
 		default:
 			n += len(got)
 		}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -124,8 +125,26 @@ func waitAddress(p *proc, dir string, timeout time.Duration) (string, error) {
 }
 
 // freePort returns a free port on 127.0.0.1 as host:port, for a server
-// started on it a moment later.
+// started on it a moment later (and again on it after a restart). It is
+// taken below the system's range of ephemeral ports, so that no
+// outgoing connection takes it meanwhile.
 func freePort() (string, error) {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		fmt.Sscan(string(b), &lo)
+	}
+	const from = 10000
+	for range 100 {
+		if lo <= from+100 {
+			break
+		}
+		port := from + rand.IntN(lo-from)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			ln.Close()
+			return ln.Addr().String(), nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("find a free port: %w", err)
