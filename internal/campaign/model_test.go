@@ -205,3 +205,20 @@ func TestSpawner(t *testing.T) {
 		t.Error("running a missing program succeeded")
 	}
 }
+
+// FuzzParseSpawnReq: any line is refused or gives a request with a
+// program and bounded arguments.
+func FuzzParseSpawnReq(f *testing.F) {
+	f.Add([]byte(`{"id":1,"args":["/bin/true"],"env":["A=b"],"log":"/tmp/x.log"}`))
+	f.Add([]byte(`{"id":2,"args":[],"timeout":-1}`))
+	f.Add([]byte(`not json`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		req, err := parseSpawnReq(line)
+		if err != nil {
+			return
+		}
+		if len(req.Args) == 0 || req.Args[0] == "" || len(req.Args)+len(req.Env) > maxSpawnArgs || req.Timeout < 0 {
+			t.Fatalf("accepted %q as %+v", line, req)
+		}
+	})
+}

@@ -63,9 +63,36 @@ type spawnMsg struct {
 	Exited bool   `json:"exited"`
 }
 
-// maxSpawnMsg bounds a line of the protocol (a command's output).
-const maxSpawnMsg = 64 << 20
+// Bounds of the protocol: a line (a command's output), a request's
+// arguments and environment.
+const (
+	maxSpawnLine = 64 << 20
+	maxSpawnArgs = 4096
+	maxSpawnArg  = 64 << 10
+)
 
+// parseSpawnReq decodes and checks a request line.
+func parseSpawnReq(line []byte) (spawnReq, error) {
+	var req spawnReq
+	if err := json.Unmarshal(line, &req); err != nil {
+		return req, fmt.Errorf("bad request: %w", err)
+	}
+	if len(req.Args) == 0 || req.Args[0] == "" {
+		return req, errors.New("bad request: no program")
+	}
+	if len(req.Args)+len(req.Env) > maxSpawnArgs {
+		return req, fmt.Errorf("bad request: %d arguments and variables, at most %d", len(req.Args)+len(req.Env), maxSpawnArgs)
+	}
+	for _, a := range append(append([]string{req.Log}, req.Args...), req.Env...) {
+		if len(a) > maxSpawnArg {
+			return req, fmt.Errorf("bad request: an argument of %d bytes, at most %d", len(a), maxSpawnArg)
+		}
+	}
+	if req.Timeout < 0 {
+		return req, fmt.Errorf("bad request: timeout %v", req.Timeout)
+	}
+	return req, nil
+}
 // spawnerMain serves requests read from in until it ends.
 func spawnerMain(in io.Reader, out io.Writer) int {
 	var mu sync.Mutex
@@ -76,11 +103,11 @@ func spawnerMain(in io.Reader, out io.Writer) int {
 		enc.Encode(m)
 	}
 	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), maxSpawnMsg)
+	sc.Buffer(make([]byte, 64<<10), maxSpawnLine)
 	for sc.Scan() {
-		var req spawnReq
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil || len(req.Args) == 0 {
-			send(spawnMsg{ID: req.ID, Err: fmt.Sprintf("bad request: %v", err)})
+		req, err := parseSpawnReq(sc.Bytes())
+		if err != nil {
+			send(spawnMsg{ID: req.ID, Err: err.Error()})
 			continue
 		}
 		if req.Log == "" {
@@ -195,7 +222,7 @@ func startSpawner() (*spawner, error) {
 // read dispatches the spawner's messages until it ends.
 func (s *spawner) read(out io.Reader) {
 	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 64<<10), maxSpawnMsg)
+	sc.Buffer(make([]byte, 64<<10), maxSpawnLine)
 	for sc.Scan() {
 		var m spawnMsg
 		if json.Unmarshal(sc.Bytes(), &m) != nil {
