@@ -93,6 +93,7 @@ func parseSpawnReq(line []byte) (spawnReq, error) {
 	}
 	return req, nil
 }
+
 // spawnerMain serves requests read from in until it ends.
 func spawnerMain(in io.Reader, out io.Writer) int {
 	var mu sync.Mutex
