@@ -27,6 +27,8 @@ type Result struct {
 	// Summary describes the operations, the errors the faults excused,
 	// the bytes and names checked.
 	Summary string
+	// Errors are the first errors of each worker and operation.
+	Errors []string
 }
 
 // Run runs a campaign: it starts a cluster of weft processes under
@@ -115,6 +117,7 @@ func finish(res *Result, rec *recorder, cfg Config) (*Result, error) {
 	excused := rec.judgeErrors(cfg.RecoveryBound)
 	res.Summary = rec.summary(excused)
 	res.Findings = rec.Findings()
+	res.Errors = rec.sampleErrors(40)
 	return res, nil
 }
 

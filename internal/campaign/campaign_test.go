@@ -65,6 +65,9 @@ func runShort(t *testing.T, cfg Config) {
 		t.Errorf("%s %s", f.At.Format("15:04:05.000"), f.What)
 	}
 	if t.Failed() {
+		for _, e := range res.Errors {
+			t.Logf("error seen: %s", e)
+		}
 		t.Logf("replay: %s=%d go test -run '%s' ./internal/campaign (or make soak SOAK_ARGS='%s')",
 			SeedEnv, res.Config.Seed, t.Name(), res.Config.Replay())
 		for _, name := range []string{"meta1", "data1", "data2", "mount1", "mount2"} {

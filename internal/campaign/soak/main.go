@@ -78,6 +78,12 @@ func run() int {
 		return 2
 	}
 	fmt.Printf("soak: %v, %d faults: %s\n", time.Since(start).Round(time.Second), len(res.Schedule), res.Summary)
+	if len(res.Errors) > 0 {
+		fmt.Println("soak: errors seen (the first of each worker and operation):")
+		for _, e := range res.Errors {
+			fmt.Println("  " + e)
+		}
+	}
 	if len(res.Findings) == 0 {
 		fmt.Println("soak: no findings")
 		if !keep {
