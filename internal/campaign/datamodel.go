@@ -29,6 +29,7 @@ type dataModel struct {
 	// lateUntil.
 	late      []edit
 	lateUntil time.Time
+	adopted   []byte // the content settled then
 }
 
 // maxLate bounds the late writes a model keeps.
@@ -94,6 +95,7 @@ func (m *dataModel) adopt(got []byte, lateUntil time.Time) {
 	}
 	m.lateUntil = lateUntil
 	m.cur = slices.Clone(got)
+	m.adopted = slices.Clone(got)
 	m.ack()
 }
 
@@ -110,18 +112,29 @@ func (m *dataModel) lateWrite(i int64, b byte) bool {
 	return false
 }
 
-// lateExplains reports whether every byte where got and want differ is a
-// late write landing (and they differ somewhere).
-func (m *dataModel) lateExplains(off int64, got, want []byte) bool {
+// lateExplains reports whether every byte where got (read at off) and
+// want differ is a late write landing (and they differ somewhere), and
+// whether such a write replaced a byte this client wrote since the
+// settling and had acknowledged (a write of the failed client clobbering
+// acknowledged data of a live one).
+func (m *dataModel) lateExplains(off int64, got, want []byte) (explained, clobbered bool) {
 	if len(got) != len(want) || string(got) == string(want) {
-		return false
+		return false, false
 	}
 	for i := range got {
-		if got[i] != want[i] && !m.lateWrite(off+int64(i), got[i]) {
-			return false
+		if got[i] == want[i] {
+			continue
+		}
+		j := off + int64(i)
+		if !m.lateWrite(j, got[i]) {
+			return false, false
+		}
+		rewritten := j >= int64(len(m.adopted)) || m.adopted[j] != want[i]
+		if rewritten && j < int64(len(m.acked)) && m.acked[j] == want[i] {
+			clobbered = true
 		}
 	}
-	return true
+	return true, clobbered
 }
 
 // forget resets the model to a file that does not exist.

@@ -278,9 +278,14 @@ func (w *dataWorker) readBack(f *dataFile) {
 		return
 	}
 	if string(got) != string(want) {
-		if f.model.lateExplains(off, got, want) {
-			w.rec.note("%s: a write sent to %s before a failure landed after the file was read back and synced",
-				w.name, f.path)
+		if explained, clobbered := f.model.lateExplains(off, got, want); explained {
+			if clobbered {
+				w.rec.find("%s: a write sent to %s before a failure (its mount killed, its chain stalled) landed after the file was settled and replaced bytes this client wrote and synced since: %s%s",
+					w.name, f.path, describeDiff(got, want), w.evidence(f, got, want))
+			} else {
+				w.rec.note("%s: a write sent to %s before a failure landed after the file was read back and synced",
+					w.name, f.path)
+			}
 			f.model.failed, f.reason = true, "a write from before a failure landed late"
 			return
 		}
@@ -376,7 +381,11 @@ func (w *dataWorker) recoverFile(root int, f *dataFile) {
 	if err != nil {
 		return
 	}
-	if string(cached) != string(got) {
+	if explained, _ := f.model.lateExplains(0, got, cached); explained {
+		// A write from before an earlier failure landed after this
+		// client read the bytes: its cache is as close-to-open allows.
+		w.rec.note("%s: a write sent to %s before a failure landed after its pages were cached", w.name, f.path)
+	} else if string(cached) != string(got) {
 		w.rec.find("%s: %s after %s: the mount's cache disagrees with the data servers (cached, then uncached: %s)%s",
 			w.name, f.path, f.reason, describeDiff(cached, got), w.evidence(f, cached, got))
 	}

@@ -119,11 +119,19 @@ func TestDataModelExplain(t *testing.T) {
 	late.noteWriteAttempt(2, []byte("zz"))
 	late.failed = true
 	late.adopt([]byte("0123456789"), time.Now().Add(time.Hour))
-	if !late.lateExplains(0, []byte("01zz456789"), late.cur) || late.lateExplains(0, []byte("01zy456789"), late.cur) {
-		t.Error("a late write is not told from other bytes")
+	if ok, _ := late.lateExplains(0, []byte("01zz456789"), late.cur); !ok {
+		t.Error("a late write is not told")
+	}
+	if ok, _ := late.lateExplains(0, []byte("01zy456789"), late.cur); ok {
+		t.Error("other bytes are taken for a late write")
+	}
+	late.write(3, []byte("Q"))
+	late.ack()
+	if ok, clobbered := late.lateExplains(0, []byte("01zz456789"), late.cur); !ok || !clobbered {
+		t.Errorf("a late write over a byte written and acknowledged since: explained %v, clobbered %v", ok, clobbered)
 	}
 	late.lateUntil = time.Now().Add(-time.Second)
-	if late.lateExplains(0, []byte("01zz456789"), late.cur) {
+	if ok, _ := late.lateExplains(0, []byte("01zz456789"), late.cur); ok {
 		t.Error("a late write explains bytes after its time")
 	}
 
