@@ -24,10 +24,6 @@ const (
 	stripeCount   = "4"
 	startTimeout  = 30 * time.Second
 	cleanStopWait = 20 * time.Second
-	// unavailableTimeout is the mounts' --unavailable-timeout: shorter
-	// than most outages of a chain (every member down), so that they
-	// reach the applications as errors and exercise the error paths.
-	unavailableTimeout = 5 * time.Second
 )
 
 // cluster is the campaign's weft processes and the proxies between them.
@@ -272,7 +268,7 @@ func (c *cluster) startMount(m *mountNode) error {
 		return err
 	}
 	p, err := startProc(c.spawn, c.cfg.Weft, c.logDir, c.name("mount", m.i), c.env, "mount", "--meta", c.metaAddrs(),
-		"--unavailable-timeout", unavailableTimeout.String(), m.point)
+		"--unavailable-timeout", c.cfg.UnavailableTimeout.String(), m.point)
 	if err != nil {
 		return err
 	}

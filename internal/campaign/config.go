@@ -162,6 +162,10 @@ type Config struct {
 	// healed (default RecoveryBound + 10s); what they do after
 	// RecoveryBound must succeed.
 	Quiet time.Duration
+	// UnavailableTimeout is the mounts' --unavailable-timeout (default
+	// 5s: shorter than many outages of a chain, so that they reach the
+	// workloads as errors and exercise the error paths).
+	UnavailableTimeout time.Duration
 	// Overlap is the probability that a fault starts before the last
 	// one ended (default 0.2; negative: never).
 	Overlap float64
@@ -221,6 +225,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Quiet <= c.RecoveryBound {
 		return c, fmt.Errorf("campaign: the quiet phase (%v) must be longer than the recovery bound (%v)", c.Quiet, c.RecoveryBound)
+	}
+	if c.UnavailableTimeout <= 0 {
+		c.UnavailableTimeout = 5 * time.Second
 	}
 	if c.Overlap == 0 {
 		c.Overlap = defaultOverlap

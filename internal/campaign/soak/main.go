@@ -44,6 +44,7 @@ func run() int {
 	flag.IntVar(&cfg.DataServers, "data-servers", 4, "data servers (at least 3)")
 	flag.IntVar(&cfg.Mounts, "mounts", 2, "mounts the workloads run on")
 	flag.DurationVar(&cfg.RecoveryBound, "recovery-bound", 20*time.Second, "errors may go on this long after a fault ends")
+	flag.DurationVar(&cfg.UnavailableTimeout, "unavailable-timeout", 5*time.Second, "the mounts' --unavailable-timeout (short: outages reach the workloads as errors)")
 	flag.Float64Var(&cfg.Overlap, "overlap", 0.2, "probability that a fault starts before the last one ended (negative: never)")
 	flag.Parse()
 	var err error
