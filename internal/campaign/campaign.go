@@ -86,7 +86,9 @@ func Run(cfg Config) (*Result, error) {
 	watched := make(chan struct{})
 	go func() { in.watch(stopWatch); close(watched) }()
 
-	in.run(time.Now(), res.Schedule, nil)
+	t0 := time.Now()
+	in.run(t0, res.Schedule, nil)
+	time.Sleep(time.Until(t0.Add(cfg.Duration)))
 	healAll(c, rec)
 	quiet := cfg.Quiet
 	logf("%s campaign: every fault healed; the workloads go on for %v (errors after %v are findings)",
