@@ -1,7 +1,7 @@
 # weft build and test entry points.
 GO ?= go
 
-.PHONY: build test vet fmt-check up bench bench-tmpfs clean
+.PHONY: build test vet fmt-check up bench bench-tmpfs soak clean
 
 build:
 	$(GO) build -o bin/weft ./cmd/weft
@@ -31,6 +31,14 @@ bench: build
 # The same comparison with every backing directory on a tmpfs (needs root).
 bench-tmpfs: build
 	bench/compare.sh --tmpfs bench-report-tmpfs
+
+# A long randomized fault campaign (internal/campaign) on real processes:
+# SOAK_DURATION (default 10m), SOAK_SEED (default: from the clock),
+# SOAK_KINDS (default all), SOAK_ENGINE (embedded or etcd), or any flag in
+# SOAK_ARGS (go run ./internal/campaign/soak -help). Needs root and FUSE.
+# The seed and the schedule are printed first; the same flags replay it.
+soak: build
+	$(GO) run ./internal/campaign/soak -weft bin/weft $(SOAK_ARGS)
 
 clean:
 	rm -rf bin

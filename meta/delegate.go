@@ -493,7 +493,10 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d confirmed or unwritten files in one call, at most %d", n, maxConfirms)
 	}
 	for attempt := 0; ; attempt++ {
-		resp, err := s.createMany(ctx, req)
+		// A retry looks the layouts up in a transaction: the cache may
+		// hold them at a generation that has moved on since, and would
+		// fail every try alike.
+		resp, err := s.createMany(ctx, req, attempt == 0)
 		if err == errLayoutChanged && attempt < 3 {
 			continue
 		}
@@ -527,13 +530,16 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 const maxConfirms = 4096
 
 // createMany is one try of CreateMany: the directories' layouts are
-// looked up and placed first, and the transaction checks that they still
-// hold.
-func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest) (*weftv1.CreateManyResponse, error) {
+// looked up (from the cache if useCache and it holds them all) and placed
+// first, and the transaction checks that they still hold.
+func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest, useCache bool) (*weftv1.CreateManyResponse, error) {
 	templates := make(map[uint64]*weftv1.Layout)
 	var gen uint64
-	cached := true
+	cached := useCache
 	for _, f := range req.Files {
+		if !cached {
+			break
+		}
 		if _, ok := templates[f.Parent]; ok {
 			continue
 		}

@@ -407,3 +407,40 @@ func TestCollectedFileRefused(t *testing.T) {
 		t.Fatalf("results %v, want the first made and the collected one refused with EIO", cm.Results)
 	}
 }
+
+// TestCreateManyAfterLayoutGenerationMoved: a directory moved to another
+// parent anywhere moves the layout generation on. The files of a
+// delegation sent after that, whose directory's layout the cache still
+// holds at the old generation, must be made (the cache is not trusted
+// again on a retry), not refused with EIO.
+func TestCreateManyAfterLayoutGenerationMoved(t *testing.T) {
+	ctx := context.Background()
+	_, m, a, g := delegatedDir(t, 0o755)
+	dir := g.Dir.Ino
+	send := func(name string, ino uint64) {
+		t.Helper()
+		cm, err := m.CreateMany(ctx, &weftv1.CreateManyRequest{Session: a.session, Files: []*weftv1.NewFile{
+			{Caller: a.caller, Parent: dir, Name: name, Mode: 0o644, Ino: ino, TimeNs: time.Now().UnixNano()},
+		}})
+		if err != nil {
+			t.Fatalf("create many %s: %v", name, err)
+		}
+		if r := cm.Results[0]; r.Errno != 0 {
+			t.Fatalf("create many %s: errno %d: %s", name, r.Errno, r.Error)
+		}
+	}
+	send("before", g.InoFirst) // the directory's layout is cached now
+	for _, name := range []string{"x", "y"} {
+		if _, err := m.Mkdir(ctx, &weftv1.MkdirRequest{Caller: a.caller, Parent: rootIno, Name: name, Mode: 0o755}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	y, err := m.Lookup(ctx, &weftv1.LookupRequest{Caller: a.caller, Parent: rootIno, Name: "y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Rename(ctx, &weftv1.RenameRequest{Caller: a.caller, OldParent: rootIno, OldName: "x", NewParent: y.Attr.Ino, NewName: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	send("after", g.InoFirst+1)
+}

@@ -65,6 +65,11 @@ func (s *Service) haInterceptor(ctx context.Context, req any, info *grpc.UnarySe
 		return handler(ctx, req)
 	case openSessionMethod, renewSessionMethod:
 		resp, err := handler(ctx, req)
+		if err != nil {
+			// resp is a nil pointer (e.g. the renewal of a session that
+			// expired): the error is the whole answer.
+			return resp, err
+		}
 		switch r := resp.(type) {
 		case *weftv1.OpenSessionResponse:
 			r.MetaAddresses = h.metaAddresses(ctx)

@@ -57,6 +57,9 @@ import (
 //	                                   mtime; inflight.go)                       or by resolution (inflight.go)
 //	n/stop                             empty: the service stopped cleanly with   Close (lazy opens), removed at
 //	                                   every open record synced (replay.go)      the next start
+//	n/grace                            empty: a grace period began and its sweep start after a crash, removed when
+//	                                   of orphans has not finished; the next     the sweep after the grace period
+//	                                   start has one too (replay.go)             has deleted the orphans
 //	n/cbw                              id of the meta server of the last write   every update (etcd engine)
 //	                                   (lets callbacks skip a server's own
 //	                                   changes; nobody reads it)
@@ -72,6 +75,7 @@ var (
 	keyCountDirs  = []byte("n/cnt/dirs")
 	keyLayoutGen  = []byte("n/lg")
 	keyCleanStop  = []byte("n/stop")
+	keyGrace      = []byte("n/grace")
 
 	prefixInode   = []byte("n/i/")
 	prefixSymlink = []byte("n/l/")

@@ -308,6 +308,18 @@ func TestServe(t *testing.T) {
 	if _, err := c.GetChains(ctx, &weftv1.GetChainsRequest{}); err != nil {
 		t.Fatal(err)
 	}
+	// The renewal of a session the service does not know (it expired
+	// while its client was paused) fails with ESTALE, and the service
+	// goes on serving.
+	for _, replay := range []bool{false, true} {
+		_, err = c.RenewSession(ctx, &weftv1.RenewSessionRequest{Session: "0123456789abcdef", Replay: replay})
+		if !errors.Is(err, syscall.ESTALE) {
+			t.Fatalf("renew an unknown session over gRPC (replay %v): %v, want ESTALE", replay, err)
+		}
+	}
+	if _, err := c.OpenSession(ctx, &weftv1.OpenSessionRequest{Host: "h"}); err != nil {
+		t.Fatalf("open a session after renewing an unknown one: %v", err)
+	}
 	cancel()
 	select {
 	case err := <-done:

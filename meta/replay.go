@@ -53,31 +53,55 @@ const sweepBatch = 256
 // configuration allows it, and names the incarnation. The grace period
 // starts unless the service's data is new (fresh) or the last
 // incarnation stopped cleanly (its Close synced every open record and
-// left keyCleanStop): only a crash loses opens.
+// left keyCleanStop) after a grace period that ended with its sweep: only
+// a crash loses opens, but the orphans kept during a grace period are
+// deleted only by its sweep, so a clean stop before the sweep leaves
+// keyGrace behind and the next start has a grace period and a sweep too.
+// (Its clients replay their opens again, to the new epoch, so the period
+// is a whole one.)
 func (s *Service) startGrace(ctx context.Context, fresh bool) error {
 	lc, ok := s.eng.(kv.LazyCommitter)
-	if !ok || !lc.LazyCommits() || s.cfg.OpenGrace < 0 {
+	if !ok || !lc.LazyCommits() {
 		return nil
 	}
 	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil // opens stay synced
+	if s.cfg.OpenGrace >= 0 {
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil // opens stay synced
+		}
 	}
-	clean := false
+	clean, pending := false, false
 	err := s.eng.Update(ctx, func(t kv.Txn) error {
-		_, ok, err := t.Get(keyCleanStop)
-		if err != nil || !ok {
-			clean = false
+		var err error
+		if _, clean, err = t.Get(keyCleanStop); err != nil {
 			return err
 		}
-		clean = true
-		return t.Delete(keyCleanStop)
+		if _, pending, err = t.Get(keyGrace); err != nil {
+			return err
+		}
+		if clean {
+			if err := t.Delete(keyCleanStop); err != nil {
+				return err
+			}
+		}
+		if fresh || (clean && !pending) || s.cfg.OpenGrace < 0 {
+			return nil
+		}
+		return t.Set(keyGrace, nil)
 	})
 	if err != nil {
 		return fmt.Errorf("read how the last meta service stopped: %w", err)
 	}
+	if s.cfg.OpenGrace < 0 {
+		if pending {
+			// Opens are synced now, but orphans kept by an earlier
+			// grace period wait for their sweep: it runs at once.
+			s.graceUntil = s.now().UnixNano()
+		}
+		return nil
+	}
 	s.epoch = hex.EncodeToString(b[:])
-	if fresh || clean {
+	if fresh || (clean && !pending) {
 		return nil
 	}
 	grace := s.cfg.OpenGrace
@@ -85,6 +109,11 @@ func (s *Service) startGrace(ctx context.Context, fresh bool) error {
 		grace = time.Duration(defaultGraceLeases * float64(s.cfg.SessionLease))
 	}
 	s.graceUntil = s.now().Add(grace).UnixNano()
+	if clean {
+		s.log.Warn("the last meta service stopped during a grace period, before deleting the files kept in it: files unlinked or closed in the next while are kept until clients have replayed their opens, then the kept ones nobody has open are deleted",
+			"grace", grace)
+		return nil
+	}
 	s.log.Warn("the meta service did not stop cleanly: files unlinked or closed in the next while are kept until clients have replayed their opens",
 		"grace", grace)
 	return nil
@@ -122,6 +151,9 @@ func (s *Service) graceLoop(ctx context.Context) {
 			if n > 0 {
 				s.log.Info("grace period over: deleted files unlinked or closed during it that no client has open", "files", n)
 			}
+			err = s.eng.Update(ctx, func(t kv.Txn) error { return t.Delete(keyGrace) })
+		}
+		if err == nil {
 			return
 		}
 		if ctx.Err() != nil {

@@ -97,10 +97,16 @@ func TestOpensCommitLazily(t *testing.T) {
 	}
 }
 
-// A grace period follows only a start after a crash: not a first start,
-// not a start after a clean stop. Every start has a new epoch.
+// A grace period follows a start after a crash, and every start after it
+// until its sweep of orphans has run: not a first start, not a start
+// after a clean stop. Every start has a new epoch.
 func TestGraceOnlyAfterCrash(t *testing.T) {
 	e := newEnv(t)
+	sweep := func() {
+		e.s.graceUntil = time.Now().UnixNano() // over: graceLoop sweeps at once
+		e.s.graceLoop(e.ctx)
+		e.reopen()
+	}
 	steps := []struct {
 		name    string
 		restart func()
@@ -109,6 +115,9 @@ func TestGraceOnlyAfterCrash(t *testing.T) {
 		{"first start", func() {}, false},
 		{"after a clean stop", e.reopen, false},
 		{"after a crash", e.crash, true},
+		{"after a clean stop during the grace period", e.reopen, true},
+		{"after a crash during the grace period", e.crash, true},
+		{"after the sweep and a clean stop", sweep, false},
 		{"after a clean stop again", e.reopen, false},
 	}
 	seen := map[string]bool{}

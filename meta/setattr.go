@@ -2,8 +2,12 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"syscall"
+	"time"
 
+	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/internal/perm"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -67,11 +71,34 @@ func (s *Service) truncateChunks(ctx context.Context, c caller, ino, size uint64
 	if a.Layout == nil || len(a.Layout.Chains) == 0 {
 		return nil
 	}
-	if err := s.cluster.TruncateFile(ctx, ino, a.Layout, min(a.Size, size)); err != nil {
-		return fmt.Errorf("%s: truncate to %d bytes on the data servers: %w", op, size, err)
+	// The cut is done chain by chain and cannot be undone: one that
+	// fails after others were cut leaves the file cut there under its old
+	// length. A member that died is taken out of its chain within the
+	// failure timeout, and the cut (idempotent) then goes through with
+	// the others: retry that long, as writes do.
+	ft := s.cfg.Cluster.FailureTimeout
+	if ft <= 0 {
+		ft = cluster.DefaultFailureTimeout
 	}
-	return nil
+	deadline := time.Now().Add(2*ft + time.Second)
+	for {
+		err := s.cluster.TruncateFile(ctx, ino, a.Layout, min(a.Size, size))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EIO) || time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s: truncate to %d bytes on the data servers: %w", op, size, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(truncateRetryDelay):
+		}
+	}
 }
+
+// truncateRetryDelay spaces the tries of a truncate whose chain has a
+// member that cannot be reached.
+const truncateRetryDelay = 250 * time.Millisecond
 
 // checkTruncate checks that c may truncate a (perm.CheckTruncate).
 func checkTruncate(c caller, a *weftv1.Attr, op string) error { return perm.CheckTruncate(c, a, op) }

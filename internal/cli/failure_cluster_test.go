@@ -201,6 +201,13 @@ func (c *failCluster) startData(d *dataNode) {
 // mount runs weft mount on a new directory and waits until it is mounted.
 func (c *failCluster) mount(extra ...string) string {
 	c.t.Helper()
+	mnt, _ := c.mountProc(extra...)
+	return mnt
+}
+
+// mountProc is mount, returning the mount's process too.
+func (c *failCluster) mountProc(extra ...string) (string, *daemon) {
+	c.t.Helper()
 	c.mounts++
 	mnt := filepath.Join(c.base, fmt.Sprintf("mnt%d", c.mounts))
 	d := c.start(fmt.Sprintf("mount%d", c.mounts), append(append([]string{"mount", "--meta", c.metaAddr}, extra...), mnt)...)
@@ -211,7 +218,7 @@ func (c *failCluster) mount(extra ...string) string {
 	if !d.running() {
 		c.t.Fatalf("weft mount exited: %v", d.err)
 	}
-	return mnt
+	return mnt, d
 }
 
 // unmount stops the mount process of mnt with SIGTERM; a mount that

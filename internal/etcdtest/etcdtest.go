@@ -53,6 +53,27 @@ func Start(t testing.TB) *Server {
 	return nil
 }
 
+// Launch runs an etcd server with its data under dir for a caller that is
+// not a test (a long fault campaign); Stop ends it.
+func Launch(dir string) (*Server, error) {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		return nil, fmt.Errorf("etcd is not installed (apt-get install etcd-server): %w", err)
+	}
+	var lastErr error
+	for range 3 {
+		s, err := start(bin, dir)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("start etcd: %w", lastErr)
+}
+
+// Stop terminates etcd (SIGTERM, then SIGKILL after 5s) and waits for it.
+func (s *Server) Stop() { s.stop() }
+
 func start(bin, dir string) (*Server, error) {
 	ports, err := freePorts(2)
 	if err != nil {
