@@ -316,3 +316,32 @@ func (m *Manager) BadCopies(ctx context.Context, repair bool) (bad []BadCopy, re
 	}
 	return bad, repaired, errors.Join(errs...)
 }
+
+// TrimChunk deletes chunk (ino, index) of chain, a chunk past its file's
+// size that no write will ever make visible (left by a write whose length
+// was never committed), on every member: a deletion pushed to the head at
+// the version the head holds now, and passed down the chain. A write
+// landing meanwhile has a newer version, which the push does not replace,
+// so nothing written after the check is lost.
+func (m *Manager) TrimChunk(ctx context.Context, chain, ino, index uint64) error {
+	members, err := m.servingMembers(chain)
+	if err != nil {
+		return &ChainScanError{Chain: chain, Err: err}
+	}
+	head := members[0]
+	id := &weftv1.ChunkID{Ino: ino, Index: index}
+	info, err := head.client.ReadFullChunk(ctx, &weftv1.ReadFullChunkRequest{
+		Chunk: id, ChainId: chain, ChainVersion: head.chainVersion, TargetId: head.targetID,
+	})
+	if err != nil {
+		return describe(fmt.Sprintf("read chunk %d of inode %d", index, ino), head.memberRef, err)
+	}
+	_, err = head.client.PushChunk(ctx, &weftv1.PushChunkRequest{
+		ChainId: chain, ChainVersion: head.chainVersion, TargetId: head.targetID,
+		Chunk: &weftv1.FullChunk{Chunk: id, Version: info.GetVersion(), Exists: false},
+	})
+	if err != nil {
+		return describe(fmt.Sprintf("trim chunk %d of inode %d", index, ino), head.memberRef, err)
+	}
+	return nil
+}

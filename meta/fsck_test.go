@@ -403,10 +403,16 @@ var fsckCases = []fsckCase{
 		corrupt: func(e *fsckEnv) func() {
 			a := e.file(rootIno, "short", 10, false)
 			e.write(a, 3, []byte("uncommitted"))
-			return nil
+			return func() {
+				if n := e.chunkCopies(a.Ino, 3); n != 0 {
+					e.t.Errorf("%d copies of the tail after the repair, want none (trimmed)", n)
+				}
+				if n := e.chunkCopies(a.Ino, 0); n != 2 {
+					e.t.Errorf("%d copies of the file's own chunk after the trim, want 2", n)
+				}
+			}
 		},
 		want:    []string{fsckUnowned},
-		kept:    []string{fsckUnowned},
 		cleanup: func(e *fsckEnv) { e.unlinkName(rootIno, "short"); e.s.collectGarbage(e.ctx) },
 	},
 	{

@@ -36,7 +36,7 @@ func ownerProblem(a *weftv1.Attr, chain, index uint64) string {
 		return fmt.Sprintf("the file's layout puts chunk %d on chain %d, not %d (the file reads that chunk from chain %d)",
 			index, a.Layout.Chains[index%uint64(len(a.Layout.Chains))], chain, a.Layout.Chains[index%uint64(len(a.Layout.Chains))])
 	case index >= chunksOf(a.Size, uint64(a.Layout.ChunkSize)):
-		return fmt.Sprintf("it lies past the file's size of %d bytes (left by a write that was never committed; truncate -s %d on the file drops it)", a.Size, a.Size)
+		return fmt.Sprintf("it lies past the file's size of %d bytes (left by a write that was never committed: weft fsck --repair or truncate -s %d on the file drops it)", a.Size, a.Size)
 	}
 	return ""
 }
@@ -158,9 +158,12 @@ func (f *fscker) verifyGone(ctx context.Context, ino uint64, chains []uint64) er
 }
 
 // verifyForeign verifies a chunk whose inode exists but does not own it.
-// It is reported, not repaired: the file's layout or size may be about to
-// change (an uncommitted write of an open file), and deleting a chunk of a
-// live file is not undone.
+// A chunk past the size of a file nobody has open is an unacknowledged
+// tail (a write whose length was never committed: a client that crashed,
+// a close that failed); with repair it is trimmed, at the version it has
+// now, so that a write landing meanwhile wins (TrimChunk). Other chunks
+// are reported, not repaired: the file's layout may be about to change,
+// and deleting a chunk of a live file is not undone.
 func (f *fscker) verifyForeign(ctx context.Context, c chunkFinding) error {
 	r, err := f.s.cluster.ProbeChunk(ctx, c.chain, c.ino, c.index, false)
 	if err != nil {
@@ -169,7 +172,8 @@ func (f *fscker) verifyForeign(ctx context.Context, c chunkFinding) error {
 	if len(r.Holders) == 0 {
 		return nil
 	}
-	return f.verify(ctx, func(x *tx, _ bool) (*weftv1.FsckProblem, error) {
+	tail := false
+	p, err := f.check(ctx, func(x *tx, _ bool) (*weftv1.FsckProblem, error) {
 		a, _, found, err := x.currentInode(c.ino)
 		if err != nil || !found {
 			return nil, err // deleted meanwhile: the GC takes the chunks
@@ -181,8 +185,30 @@ func (f *fscker) verifyForeign(ctx context.Context, c chunkFinding) error {
 		if open, err := x.isOpen(c.ino); err != nil || open {
 			return nil, err // a write may be on its way
 		}
+		tail = pastSize(a, c.chain, c.index)
 		return problem(fsckUnowned, c.ino, 0, "", false, "chunk %d of inode %d on chain %d: %s", c.index, c.ino, c.chain, why), nil
 	})
+	if err != nil || p == nil {
+		return err
+	}
+	if tail && f.repair {
+		if err := f.s.cluster.TrimChunk(ctx, c.chain, c.ino, c.index); err != nil {
+			p.Detail += fmt.Sprintf("; not trimmed: %v", err)
+		} else {
+			p.Repaired = true
+			p.Detail += "; trimmed"
+		}
+	}
+	f.add(p)
+	return nil
+}
+
+// pastSize reports that chunk index of chain would belong to file a but
+// for lying past its size.
+func pastSize(a *weftv1.Attr, chain, index uint64) bool {
+	return isReg(a.Mode) && a.Layout != nil && len(a.Layout.Chains) > 0 &&
+		a.Layout.Chains[index%uint64(len(a.Layout.Chains))] == chain &&
+		index >= chunksOf(a.Size, uint64(a.Layout.ChunkSize))
 }
 
 // verifyReplicas verifies a chunk that some serving members of its chain

@@ -107,6 +107,7 @@ type clusterManager interface {
 	ScanChunks(ctx context.Context, visit func(cluster.ChunkReplicas) error) error
 	ProbeChunk(ctx context.Context, chain, ino, index uint64, repair bool) (cluster.ChunkReplicas, error)
 	BadCopies(ctx context.Context, repair bool) ([]cluster.BadCopy, int, error)
+	TrimChunk(ctx context.Context, chain, ino, index uint64) error
 	Run(ctx context.Context)
 	Close() error
 }

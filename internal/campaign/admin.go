@@ -100,8 +100,12 @@ func (c *cluster) waitStatus(timeout time.Duration, ok func(*statusJSON) bool) e
 }
 
 // fsck runs weft fsck --json (read-only) and returns its report.
-func (c *cluster) fsck() (*fsckJSON, error) {
-	out, _, err := c.weft(2*time.Minute, []int{1}, "fsck", "--meta", c.metas[0].front.Addr(), "--json")
+func (c *cluster) fsck(repair bool) (*fsckJSON, error) {
+	args := []string{"fsck", "--meta", c.metas[0].front.Addr(), "--json"}
+	if repair {
+		args = append(args, "--repair")
+	}
+	out, _, err := c.weft(2*time.Minute, []int{1}, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -108,6 +108,5 @@ func TestCampaignEtcd(t *testing.T) {
 }
 
 // shortKinds are the fault kinds of the campaigns in the test suite:
-// those that pass on this branch, one fault at a time, with mounts that
-// wait out outages (README.md, "What fails today", lists the others).
-const shortKinds = "all,-data-newport,-client-kill"
+// every kind, one fault at a time, with mounts that wait out outages.
+const shortKinds = "all"

@@ -32,8 +32,9 @@ const (
 // and lean path: --advertise and --wire-advertise name them, and a plain
 // file where its Unix socket would be keeps local clients on TCP); with
 // etcd, each reaches etcd through a proxy of its own. Data servers of
-// even index (data1, data3, ...) are proxied the same way, and reach the
-// meta servers through proxies of their own; the others listen directly
+// even index (data1, data3, ...) are proxied (one proxy: a data server
+// serves gRPC and the lean path on one port, --advertise names it), and
+// reach the meta servers through proxies of their own; the others listen directly
 // and serve local clients on their Unix socket (and in place reads), as
 // weft up's servers do. Network faults hit proxied servers only.
 type cluster struct {
@@ -66,11 +67,11 @@ type dataNode struct {
 	dir     string
 	proxied bool
 
-	mu                 sync.Mutex
-	listen, wireListen string // its own ports (new ones at a new-port restart)
-	front, wireFront   *faultproxy.Proxy
-	metaLinks          []*faultproxy.Proxy // to each meta server's front (proxied only)
-	proc               *proc
+	mu        sync.Mutex
+	listen    string // its own port (a new one at a new-port restart): gRPC and the lean path
+	front     *faultproxy.Proxy
+	metaLinks []*faultproxy.Proxy // to each meta server's front (proxied only)
+	proc      *proc
 }
 
 // mountNode is one mount the workloads run on.
@@ -224,31 +225,23 @@ func (c *cluster) startData(d *dataNode, fresh bool) error {
 		if d.listen, err = freePort(); err != nil {
 			return err
 		}
-		if d.wireListen, err = freePort(); err != nil {
-			return err
-		}
 		if d.proxied {
-			old := []*faultproxy.Proxy{d.front, d.wireFront}
+			old := d.front
 			if d.front, err = faultproxy.New(d.listen); err != nil {
 				return err
 			}
-			if d.wireFront, err = faultproxy.New(d.wireListen); err != nil {
-				return err
-			}
-			for _, p := range old {
-				if p != nil {
-					p.Close() // the old address is dead, as a moved server's is
-				}
+			if old != nil {
+				old.Close() // the old address is dead, as a moved server's is
 			}
 		}
 	}
-	args := []string{"data", "--dir", d.dir, "--listen", d.listen, "--wire-listen", d.wireListen}
+	args := []string{"data", "--dir", d.dir, "--listen", d.listen}
 	if d.proxied {
 		var links []string
 		for _, p := range d.metaLinks {
 			links = append(links, p.Addr())
 		}
-		args = append(args, "--advertise", d.front.Addr(), "--wire-advertise", d.wireFront.Addr(), "--meta", strings.Join(links, ","))
+		args = append(args, "--advertise", d.front.Addr(), "--meta", strings.Join(links, ","))
 	} else {
 		args = append(args, "--meta", c.metaAddrs())
 	}
@@ -378,7 +371,7 @@ func (c *cluster) stop() {
 		if d.proc != nil {
 			d.proc.stop(syscall.SIGTERM, 10*time.Second)
 		}
-		for _, p := range append([]*faultproxy.Proxy{d.front, d.wireFront}, d.metaLinks...) {
+		for _, p := range append([]*faultproxy.Proxy{d.front}, d.metaLinks...) {
 			if p != nil {
 				p.Close()
 			}

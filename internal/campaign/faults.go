@@ -103,7 +103,7 @@ func (in *injector) inject(f Fault) (func() error, error) {
 		d := c.data[f.Target]
 		d.mu.Lock()
 		p := d.proc
-		front := []*faultproxy.Proxy{d.front, d.wireFront}
+		front := []*faultproxy.Proxy{d.front}
 		links := d.metaLinks
 		d.mu.Unlock()
 		switch f.Kind {
