@@ -207,3 +207,57 @@ func TestInFlightCloseSettled(t *testing.T) {
 		t.Fatalf("the file whose times were set before its close: mtime %v, err %v; want %d", a.GetMtimeNs(), err, mtime)
 	}
 }
+
+// TestNamesOfFilesNotSentYet checks unlink, rename and link of files made
+// under a delegation and not sent to the meta service yet (closed, empty:
+// nothing made them go), and SyncDir: each finds the file (the meta
+// service gets it first), and after SyncDir another client sees the name.
+func TestNamesOfFilesNotSentYet(t *testing.T) {
+	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
+	tc := startCluster(t, layout, 1)
+	ctx := context.Background()
+	c, err := New(ctx, Config{MetaAddr: tc.metaAddr, MountPoint: "test:names", OnInvalidate: func(*weftv1.Invalidation) {},
+		CreateSendDelay: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other := newTestClient(t, tc.metaAddr, Config{})
+	root := sessionCaller(c)
+	dir := delegatedDirOf(t, c, "d")
+	mk := func(name string) *weftv1.Attr {
+		t.Helper()
+		f, a, err := c.Create(ctx, root, dir, name, 0o644, syscall.O_WRONLY, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	mk("gone")
+	if err := c.Unlink(ctx, root, dir, "gone"); err != nil {
+		t.Fatalf("unlink of a file not sent yet: %v", err)
+	}
+	mk("moved")
+	if err := c.Rename(ctx, root, dir, "moved", dir, "moved2", 0); err != nil {
+		t.Fatalf("rename of a file not sent yet: %v", err)
+	}
+	a := mk("linked")
+	if _, err := c.Link(ctx, root, a.Ino, dir, "linked2"); err != nil {
+		t.Fatalf("link of a file not sent yet: %v", err)
+	}
+	mk("synced")
+	if err := c.SyncDir(ctx, dir); err != nil {
+		t.Fatalf("SyncDir: %v", err)
+	}
+	for _, name := range []string{"moved2", "linked", "linked2", "synced"} {
+		if _, err := other.Lookup(ctx, root, dir, name); err != nil {
+			t.Errorf("another client: lookup of %s: %v", name, err)
+		}
+	}
+	if _, err := other.Lookup(ctx, root, dir, "gone"); err == nil {
+		t.Error("another client still sees the unlinked file")
+	}
+}

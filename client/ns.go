@@ -195,6 +195,7 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Unlink removes the non-directory name from parent.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	c.sendPendingIn(ctx, parent)
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
@@ -204,6 +205,7 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 
 // Rmdir removes the empty directory name from parent.
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	c.sendPendingIn(ctx) // files made in it here must count
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
@@ -218,6 +220,7 @@ func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 // RenameFlags bits (RENAME_NOREPLACE, RENAME_EXCHANGE).
 func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent uint64, oldName string,
 	newParent uint64, newName string, flags uint32) error {
+	c.sendPendingIn(ctx, oldParent, newParent)
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
@@ -235,6 +238,7 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 
 // Link makes newParent/newName another name of inode ino.
 func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
+	c.sendPendingIn(ctx) // ino may be a file made here
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})

@@ -343,6 +343,11 @@ func (fs *weftFS) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, name str
 	return status(fs.log, "removexattr", h.NodeId, fs.c.RemoveXattr(ctx, fs.caller(h), h.NodeId, name))
 }
 
-// FsyncDir has nothing to do: every namespace operation is durable when
-// the meta service answers it.
-func (fs *weftFS) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status { return fuse.OK }
+// FsyncDir makes the directory's entries durable: every namespace
+// operation is durable when the meta service answers it, and files made
+// here under a delegation (not sent yet) are sent and answered first.
+func (fs *weftFS) FsyncDir(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
+	ctx, stop := reqContext(cancel)
+	defer stop()
+	return status(fs.log, "fsyncdir", in.NodeId, fs.c.SyncDir(ctx, in.NodeId))
+}

@@ -281,8 +281,9 @@ type nameModel struct {
 	names    map[string]bool // durable: each change was followed by an fsync of its directory
 	inFlight map[string]bool // the names if the change in flight at the loss was done
 	syncs    int
-	log      []string // the last changes, for a failure's message
-	frozen   bool     // the power is lost: later acknowledgments do not count
+	empty    map[string]bool // names of files made empty (their content is not checked)
+	log      []string        // the last changes, for a failure's message
+	frozen   bool            // the power is lost: later acknowledgments do not count
 }
 
 // run creates, renames, unlinks and makes directories in root/names
@@ -305,6 +306,9 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 	if m.names == nil {
 		m.names = map[string]bool{}
 	}
+	if m.empty == nil {
+		m.empty = map[string]bool{}
+	}
 	mu.Unlock()
 	for i := 0; ; i++ {
 		select {
@@ -322,6 +326,7 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 		mu.Unlock()
 		slices.Sort(have)
 		var err error
+		openFD := -1
 		// The names a change leads to are known before it is made, and
 		// possible from then on.
 		inFlight := func() {
@@ -346,6 +351,17 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 					err = cerr
 				}
 			}
+		case r < 5:
+			// An empty file, not synced itself: the fsync of its
+			// directory makes its name durable.
+			n := fmt.Sprintf("e%d-%d-%d", rng.IntN(1000), round, i)
+			next[n] = true
+			mu.Lock()
+			m.empty[n] = true
+			mu.Unlock()
+			inFlight()
+			// Still open when its directory is synced.
+			openFD, err = unix.Open(filepath.Join(dir, n), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644)
 		case r < 6:
 			n := fmt.Sprintf("d%d-%d-%d", rng.IntN(1000), round, i)
 			next[n] = true
@@ -356,6 +372,11 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 			to := fmt.Sprintf("r%d-%d-%d", rng.IntN(1000), round, i)
 			delete(next, from)
 			next[to] = true
+			mu.Lock()
+			if m.empty[from] {
+				m.empty[to] = true
+			}
+			mu.Unlock()
 			inFlight()
 			err = unix.Rename(filepath.Join(dir, from), filepath.Join(dir, to))
 		default:
@@ -366,6 +387,11 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 		}
 		if err == nil {
 			err = unix.Fsync(dfd)
+		}
+		if openFD >= 0 {
+			if cerr := unix.Close(openFD); err == nil {
+				err = cerr
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("names: %w", err)
@@ -433,7 +459,7 @@ func (m *nameModel) check(root string) error {
 	// create was in flight may be empty).
 	for _, e := range entries {
 		n := e.Name()
-		if e.IsDir() || !m.names[n] {
+		if e.IsDir() || !m.names[n] || m.empty[n] {
 			continue
 		}
 		if b, err := os.ReadFile(filepath.Join(root, "names", n)); err != nil {
