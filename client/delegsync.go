@@ -43,6 +43,21 @@ func (c *Client) SyncDir(ctx context.Context, dir uint64) error {
 	return nil
 }
 
+// sendPendingFile sends file ino first if it was made here and not sent
+// yet (locks, extended attributes: the meta service must have it).
+func (c *Client) sendPendingFile(ctx context.Context, ino uint64) {
+	d := &c.deleg
+	if d.waiting.Load() == 0 {
+		return
+	}
+	d.mu.Lock()
+	needed := len(d.inflight) > 0 || slices.ContainsFunc(d.queue, func(p *pendingCreate) bool { return p.nf.GetIno() == ino })
+	d.mu.Unlock()
+	if needed {
+		c.sendPending(ctx)
+	}
+}
+
 // sendPendingIn sends the files made here and not sent yet before a call
 // that names entries of dirs (unlink, rename, link): the meta service
 // must have them first, or the call finds no such name. With no dirs it

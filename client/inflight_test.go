@@ -208,10 +208,11 @@ func TestInFlightCloseSettled(t *testing.T) {
 	}
 }
 
-// TestNamesOfFilesNotSentYet checks unlink, rename and link of files made
-// under a delegation and not sent to the meta service yet (closed, empty:
-// nothing made them go), and SyncDir: each finds the file (the meta
-// service gets it first), and after SyncDir another client sees the name.
+// TestNamesOfFilesNotSentYet checks unlink, rename, link, a lock and an
+// extended attribute of files made under a delegation and not sent to the
+// meta service yet (closed, empty: nothing made them go), and SyncDir:
+// each finds the file (the meta service gets it first), and after SyncDir
+// another client sees the name.
 func TestNamesOfFilesNotSentYet(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
 	tc := startCluster(t, layout, 1)
@@ -248,11 +249,19 @@ func TestNamesOfFilesNotSentYet(t *testing.T) {
 	if _, err := c.Link(ctx, root, a.Ino, dir, "linked2"); err != nil {
 		t.Fatalf("link of a file not sent yet: %v", err)
 	}
+	locked := mk("locked")
+	if _, err := c.SetLock(ctx, root, locked.Ino, 1, Lock{Type: LockWrite, Start: 0, End: 100}, false, false); err != nil {
+		t.Fatalf("lock on a file not sent yet: %v", err)
+	}
+	tagged := mk("tagged")
+	if err := c.SetXattr(ctx, root, tagged.Ino, "user.k", []byte("v"), 0); err != nil {
+		t.Fatalf("extended attribute of a file not sent yet: %v", err)
+	}
 	mk("synced")
 	if err := c.SyncDir(ctx, dir); err != nil {
 		t.Fatalf("SyncDir: %v", err)
 	}
-	for _, name := range []string{"moved2", "linked", "linked2", "synced"} {
+	for _, name := range []string{"moved2", "linked", "linked2", "locked", "tagged", "synced"} {
 		if _, err := other.Lookup(ctx, root, dir, name); err != nil {
 			t.Errorf("another client: lookup of %s: %v", name, err)
 		}

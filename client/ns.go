@@ -341,6 +341,7 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 		// Anyone may read security.* names; a file made here has none.
 		return nil, fserr.Wrap(syscall.ENODATA, "get extended attribute %q of inode %d: no such attribute (the file was made here and has none)", name, ino)
 	}
+	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	resp, err := c.meta.GetXattr(ctx, &weftv1.GetXattrRequest{Caller: caller, Ino: ino, Name: name})
 	if err != nil {
@@ -353,6 +354,7 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 // XattrFlags bits (XATTR_CREATE, XATTR_REPLACE).
 func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
 	c.forgetNoXattrs(ino)
+	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
 	c.noteAttrChange(ino)
@@ -361,6 +363,7 @@ func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 
 // ListXattr returns the names of inode ino's extended attributes.
 func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint64) ([]string, error) {
+	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	resp, err := c.meta.ListXattr(ctx, &weftv1.ListXattrRequest{Caller: caller, Ino: ino})
 	if err != nil {
@@ -372,6 +375,7 @@ func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint6
 // RemoveXattr removes extended attribute name of inode ino.
 func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
 	c.forgetNoXattrs(ino)
+	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
 	c.noteAttrChange(ino)
