@@ -348,6 +348,37 @@ func needPython(t *testing.T) string {
 // TestSQLiteTwoMounts: two processes on two mounts insert into one SQLite
 // database (rollback journal, POSIX locks) at the same time; every row is
 // there at the end and the database passes its integrity check.
+// TestSQLiteNextToNewFiles creates a database in a directory where files
+// were just made (under a create delegation, not sent to the meta service
+// yet): SQLite's first lock must find its file (it failed with "disk I/O
+// error": F_SETLK answered ENOENT).
+func TestSQLiteNextToNewFiles(t *testing.T) {
+	py := needPython(t)
+	c := newFailCluster(t, 1, nil, nil)
+	m, _ := lockMount(c)
+	dir := filepath.Join(m, "fresh")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b", "c", "d"} {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := `
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("create table t (v)")
+db.execute("insert into t values (1)")
+db.commit()
+print(db.execute("select count(*) from t").fetchone()[0])
+`
+	out, err := exec.Command(py, "-c", script, filepath.Join(dir, "new.db")).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "1" {
+		t.Fatalf("sqlite next to files just made: %v\n%s", err, out)
+	}
+}
+
 func TestSQLiteTwoMounts(t *testing.T) {
 	py := needPython(t)
 	c := newFailCluster(t, 1, nil, nil)
