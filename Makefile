@@ -1,7 +1,7 @@
 # weft build and test entry points.
 GO ?= go
 
-.PHONY: build test vet fmt-check up bench bench-tmpfs soak clean
+.PHONY: build test vet fmt-check up bench bench-tmpfs soak fuzz clean
 
 build:
 	$(GO) build -o bin/weft ./cmd/weft
@@ -39,6 +39,18 @@ bench-tmpfs: build
 # The seed and the schedule are printed first; the same flags replay it.
 soak: build
 	$(GO) run ./internal/campaign/soak -weft bin/weft $(SOAK_ARGS)
+
+# Every fuzz target (a decoder of bytes from the network or a disk) for
+# FUZZTIME each; their seed corpora already run in make test.
+FUZZTIME ?= 30s
+fuzz:
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' .); do \
+		pkg=$$(dirname $$f); \
+		for t in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | cut -d' ' -f2); do \
+			echo "== $$pkg $$t"; \
+			$(GO) test -run XXX -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
 
 clean:
 	rm -rf bin
