@@ -1,0 +1,133 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
+)
+
+// Open files made under a delegation (their open records) and what waits for a file's create before it goes to the meta service.
+
+// readyToWrite is ready for a write: a file made here with a layout from
+// its grant is written at once (its data goes ahead of its create), unless
+// the meta service refused it already.
+func (f *File) readyToWrite(ctx context.Context) error {
+	if p := f.pending; p.hasLayout() {
+		if p.stored() {
+			return p.err
+		}
+		return nil
+	}
+	return f.ready(ctx)
+}
+
+// ready waits until the meta service has the file, if it was made under a
+// delegation, and gives the inode its layout.
+func (f *File) ready(ctx context.Context) error {
+	p := f.pending
+	if p == nil {
+		return nil
+	}
+	if err := f.c.awaitCreate(ctx, p); err != nil {
+		return err
+	}
+	if f.in != nil {
+		f.in.mu.Lock()
+		if f.in.layout == nil {
+			f.in.layout = p.attr.Layout
+		}
+		f.in.mu.Unlock()
+	}
+	return nil
+}
+
+// dropUnregistered forgets f if it is open without an open record at the
+// meta service, and reports whether it was (then nothing is released
+// there).
+func (c *Client) dropUnregistered(f *File) bool {
+	d := &c.deleg
+	if d.nUnreg.Load() == 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.unreg[f]; ok {
+		delete(d.unreg, f)
+		d.nUnreg.Add(-1)
+		return true
+	}
+	return false
+}
+
+// registerOpens records with the meta service the opens of files made
+// here that it has (their creates are sent first). Releases wait while it
+// runs.
+func (c *Client) registerOpens(ctx context.Context) error {
+	d := &c.deleg
+	if d.nUnreg.Load() == 0 {
+		return nil
+	}
+	c.sendPending(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var files []*File
+	var inos []uint64
+	for f := range d.unreg {
+		select {
+		case <-f.pending.done:
+		default:
+			continue // made after the sends began: nothing can name it yet
+		}
+		if f.pending.err == nil {
+			files = append(files, f)
+			inos = append(inos, f.ino)
+		}
+	}
+	for len(inos) > 0 {
+		n := min(len(inos), maxPendingBatch)
+		c.countMeta()
+		if _, err := c.meta.RecordOpens(ctx, &weftv1.RecordOpensRequest{Session: c.Session(), Inos: inos[:n]}); err != nil {
+			return fmt.Errorf("record the opens of %d files made under a delegation: %w", n, err)
+		}
+		for _, f := range files[:n] {
+			delete(d.unreg, f)
+			d.nUnreg.Add(-1)
+		}
+		files, inos = files[n:], inos[n:]
+	}
+	return nil
+}
+
+// beforeCall runs before every call of this client to the meta service:
+// files made here must be there before anything that could see or
+// change their directories, and their opens recorded before anything
+// that could remove a name.
+func (c *Client) beforeCall(ctx context.Context, method string) error {
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	if clearsFileAttrs[name] && c.dirs.hasFiles() {
+		c.dirs.dropFiles()
+	}
+	d := &c.deleg
+	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
+		return nil
+	}
+	switch name {
+	case "Unlink", "Rename", "Link":
+		return c.registerOpens(ctx)
+	case "Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Rmdir", "Symlink", "Readlink", "ReadDir",
+		"Open", "Access", "GetXattr", "SetXattr", "ListXattr", "RemoveXattr", "GetLayout", "SetLayout":
+		c.sendPending(ctx)
+	}
+	return nil
+}
+
+// afterCall runs when a meta call of this client returned: after a
+// change, kept files' attributes go again, and lookups answered while it
+// was on its way are not kept (they may predate it).
+func (c *Client) afterCall(method string) {
+	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] {
+		c.dirs.dropFiles()
+	}
+}
