@@ -182,7 +182,8 @@ func (s *Service) scanNamespace(ctx context.Context) (*nsScan, error) {
 	err = s.scanPaged(ctx, prefixInode, func(k, v []byte) error {
 		ino, err := inoFromKeySuffix(k)
 		if err != nil {
-			return err
+			sc.corrupt = append(sc.corrupt, &weftv1.FsckProblem{Kind: fsckCorrupt, Detail: fmt.Sprintf("malformed inode key %q; it is left as it is", k)})
+			return nil
 		}
 		a := new(weftv1.Attr)
 		if err := proto.Unmarshal(v, a); err != nil {
@@ -331,8 +332,12 @@ func (s *Service) scanRecords(ctx context.Context, sc *nsScan) error {
 	}{{prefixOrphan, sc.orphans}, {prefixGC, sc.gc}} {
 		err := s.scanPaged(ctx, p.prefix, func(k, _ []byte) error {
 			ino, err := inoFromKeySuffix(k)
+			if err != nil {
+				sc.corrupt = append(sc.corrupt, &weftv1.FsckProblem{Kind: fsckCorrupt, Detail: fmt.Sprintf("malformed key %q; it is left as it is", k)})
+				return nil
+			}
 			p.set[ino] = true
-			return err
+			return nil
 		})
 		if err != nil {
 			return err
