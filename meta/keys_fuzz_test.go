@@ -42,7 +42,7 @@ func damagedRecords(b []byte) (keys, values [][]byte) {
 // directories) and runs fsck, checking and repairing, and listings: each
 // answers (findings or an error), never panics.
 func FuzzNamespaceRecords(f *testing.F) {
-	f.Add([]byte{0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 3, 1, 2, 3})         // an inode that does not decode
+	f.Add([]byte{0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 3, 1, 2, 3})          // an inode that does not decode
 	f.Add([]byte{3, 10, 0, 0, 0, 0, 0, 0, 0, 1, '/', 'x', 12, 0, 0}) // an entry with a short value
 	f.Add([]byte{3, 3, 0, 0, 1, 0})                                  // an entry key without its slash
 	f.Add([]byte{0, 2, 1, 2, 0})                                     // an inode key too short
