@@ -210,11 +210,6 @@ type delegState struct {
 	made      atomic.Uint64              // files made here
 	lastMade  atomic.Int64               // when the last one was made (Unix ns)
 	granted   atomic.Uint64              // grants received
-	// confirms are files sent with their data in flight whose data the
-	// data servers acknowledged, to confirm with the next CreateMany
-	// (inflight.go); confirmTimer: a lone send is scheduled.
-	confirms     []uint64
-	confirmTimer bool
 }
 
 // Delegations reports how many directories this client holds and how

@@ -62,14 +62,13 @@ func (c *Client) dropUnregistered(f *File) bool {
 }
 
 // registerOpens records with the meta service the opens of files made
-// here that it has (their creates are sent first). Releases wait while it
-// runs.
+// here that it has (the caller sent their creates). Releases wait while
+// it runs.
 func (c *Client) registerOpens(ctx context.Context) error {
 	d := &c.deleg
 	if d.nUnreg.Load() == 0 {
 		return nil
 	}
-	c.sendPending(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var files []*File
@@ -100,10 +99,38 @@ func (c *Client) registerOpens(ctx context.Context) error {
 	return nil
 }
 
+// madeNeed is what a meta call needs of the files made here under a
+// delegation and not sent yet.
+type madeNeed uint8
+
+const (
+	// madeSent: the call may name one of them or their directories;
+	// they are sent first.
+	madeSent madeNeed = iota + 1
+	// madeOpenRecorded: the call may also remove a name of one; they are
+	// sent, and the opens this client holds of them recorded, first.
+	madeOpenRecorded
+)
+
+// madeFirst is the one list of what each meta call needs of the files
+// made here (beforeCall). Calls not listed name nothing such a file could
+// be: sessions, chains, the delegation calls themselves, and the commits
+// and releases of files the meta service has (a made file's own commit
+// goes with its create, flush.go).
+var madeFirst = map[string]madeNeed{
+	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
+	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
+	"Access": madeSent, "GetXattr": madeSent, "SetXattr": madeSent, "ListXattr": madeSent,
+	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent,
+	"SetLock": madeSent, "StatFS": madeSent,
+	"Unlink": madeOpenRecorded, "Rename": madeOpenRecorded, "Link": madeOpenRecorded,
+}
+
 // beforeCall runs before every call of this client to the meta service:
-// files made here must be there before anything that could see or
-// change their directories, and their opens recorded before anything
-// that could remove a name.
+// it is where files made here meet every other namespace call. They are
+// at the meta service before anything that could see or change them or
+// their directories, and their opens recorded before anything that
+// could remove a name.
 func (c *Client) beforeCall(ctx context.Context, method string) error {
 	name := method[strings.LastIndexByte(method, '/')+1:]
 	if clearsFileAttrs[name] && c.dirs.hasFiles() {
@@ -113,11 +140,11 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
 		return nil
 	}
-	switch name {
-	case "Unlink", "Rename", "Link":
+	switch madeFirst[name] {
+	case madeOpenRecorded:
+		c.sendPending(ctx)
 		return c.registerOpens(ctx)
-	case "Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Rmdir", "Symlink", "Readlink", "ReadDir",
-		"Open", "Access", "GetXattr", "SetXattr", "ListXattr", "RemoveXattr", "GetLayout", "SetLayout":
+	case madeSent:
 		c.sendPending(ctx)
 	}
 	return nil

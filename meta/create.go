@@ -110,15 +110,17 @@ func (x *tx) makeFile(c caller, n fileSpec, op string) (a *weftv1.Attr, created 
 	} else {
 		a.Rdev = n.rdev
 	}
+	stamp := x.now
 	if n.made != nil {
 		if t := n.made.TimeNs; t > 0 {
+			stamp = t
 			a.AtimeNs, a.MtimeNs, a.CtimeNs = t, t, t
 		}
 		if err := applyMadeChanges(c, a, n.made, op); err != nil {
 			return nil, false, err
 		}
 	}
-	if err := x.addChild(d, n.name, a); err != nil {
+	if err := x.addChildAt(d, n.name, a, stamp); err != nil {
 		return nil, false, err
 	}
 	if err := x.countInode(false, a.Ino, 1); err != nil {
@@ -353,8 +355,8 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 	if len(req.Files) > maxCreateMany {
 		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d files in one call, at most %d", len(req.Files), maxCreateMany)
 	}
-	if n := len(req.Confirmed) + len(req.Unwritten); n > maxConfirms {
-		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d confirmed or unwritten files in one call, at most %d", n, maxConfirms)
+	if len(req.Confirmed)+len(req.Unwritten) > 0 {
+		return nil, fserr.Wrap(syscall.EINVAL, "create many: confirmed and unwritten files are not supported (a file's create goes after its data)")
 	}
 	for attempt := 0; ; attempt++ {
 		// A retry looks the layouts up in a transaction: the cache may
@@ -364,34 +366,9 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 		if err == errLayoutChanged && attempt < 3 {
 			continue
 		}
-		if err != nil {
-			return resp, err
-		}
-		// Files whose data could not be written: settled now, so that
-		// nobody sees their length without their bytes.
-		for _, ino := range req.Unwritten {
-			emptied, err := s.resolveInFlight(ctx, ino)
-			if err != nil {
-				if len(req.Files) == 0 {
-					// Nothing else was done: the client tries again.
-					return nil, fserr.Wrap(syscall.EIO, "create many: %v", err)
-				}
-				// The files were made: answer them; the record stays
-				// for the session loop.
-				s.log.Warn("a file whose data did not arrive could not be settled yet; will retry when its session ends",
-					"ino", ino, "err", err)
-				continue
-			}
-			if emptied {
-				resp.Emptied = append(resp.Emptied, ino)
-			}
-		}
-		return resp, nil
+		return resp, err
 	}
 }
-
-// maxConfirms bounds the confirmed and unwritten files of one CreateMany.
-const maxConfirms = 4096
 
 // createMany is one try of CreateMany: the directories' layouts are
 // looked up (from the cache if useCache and it holds them all) and placed
@@ -446,17 +423,7 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest,
 		if err != nil {
 			return err
 		}
-		resp.Unknown = resp.Unknown[:0]
-		for _, ino := range req.Confirmed {
-			found, err := x.confirmInFlight(ino)
-			if err != nil {
-				return err
-			}
-			if !found {
-				resp.Unknown = append(resp.Unknown, ino)
-			}
-		}
-		if g != gen && len(req.Files) > 0 {
+		if g != gen {
 			return errLayoutChanged
 		}
 		next, err := getUint64(x.t, keyNextIno)
@@ -464,10 +431,8 @@ func (s *Service) createMany(ctx context.Context, req *weftv1.CreateManyRequest,
 			return err
 		}
 		for i, f := range req.Files {
-			var a *weftv1.Attr
-			var err error
 			reserved := f.Ino > rootIno && f.Ino < next && (f.Ino < ownNext || f.Ino >= ownEnd)
-			a, err = x.makeSent(req.Session, f, layouts[i], given[i], reserved)
+			a, err := x.makeSent(f, layouts[i], given[i], reserved)
 			r := &weftv1.NewFileResult{Attr: a}
 			if err != nil {
 				if errno, ok := fserr.Errno(err); ok {
@@ -514,7 +479,7 @@ func (s *Service) lookTemplates(req *weftv1.CreateManyRequest, templates map[uin
 // whether its inode number is one reserved for a delegation (below the
 // counter, outside this server's own range), layoutErr what is wrong with
 // the layout it brought.
-func (x *tx) makeSent(session string, f *weftv1.NewFile, layout *weftv1.Layout, layoutErr error, reserved bool) (*weftv1.Attr, error) {
+func (x *tx) makeSent(f *weftv1.NewFile, layout *weftv1.Layout, layoutErr error, reserved bool) (*weftv1.Attr, error) {
 	c := callerOf(f.Caller)
 	op := fmt.Sprintf("create %q in directory %d", f.Name, f.Parent)
 	if _, err := checkCreate(c, f.Parent, f.Name, syscall.S_IFREG, op); err != nil {
@@ -526,15 +491,10 @@ func (x *tx) makeSent(session string, f *weftv1.NewFile, layout *weftv1.Layout, 
 	if !reserved {
 		return nil, fserr.Wrap(syscall.EINVAL, "%s: inode number %d was not reserved for a delegation", op, f.Ino)
 	}
-	a, created, err := x.makeFile(c, fileSpec{parent: f.Parent, name: f.Name, mode: syscall.S_IFREG | f.Mode&0o7777,
+	if f.DataInFlight {
+		return nil, fserr.Wrap(syscall.EINVAL, "%s: a create with its data in flight is not supported", op)
+	}
+	a, _, err := x.makeFile(c, fileSpec{parent: f.Parent, name: f.Name, mode: syscall.S_IFREG | f.Mode&0o7777,
 		exclusive: true, ino: f.Ino, layout: layout, made: f}, op)
-	if err != nil {
-		return nil, err
-	}
-	if created && f.DataInFlight && f.Committed && a.Size > 0 {
-		if err := x.putInFlight(session, a); err != nil {
-			return nil, err
-		}
-	}
-	return a, nil
+	return a, err
 }

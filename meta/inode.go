@@ -253,12 +253,19 @@ func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32, ino uint64) (*
 // addChild adds inode a as name in parent, stores a, and stamps and
 // stores the parent.
 func (x *tx) addChild(parent *weftv1.Attr, name string, a *weftv1.Attr) error {
+	return x.addChildAt(parent, name, a, x.now)
+}
+
+// addChildAt is addChild stamping the parent at t (a file made by a client
+// under a delegation: at its time, as the client showed it), never
+// backwards.
+func (x *tx) addChildAt(parent *weftv1.Attr, name string, a *weftv1.Attr, t int64) error {
 	if err := x.setEntry(parent.Ino, name, a); err != nil {
 		return err
 	}
 	if err := x.putInode(a); err != nil {
 		return err
 	}
-	x.touch(parent)
+	parent.MtimeNs, parent.CtimeNs = max(parent.MtimeNs, t), max(parent.CtimeNs, t)
 	return x.putInode(parent)
 }
