@@ -103,13 +103,13 @@ func keyWithIno(prefix []byte, ino uint64) []byte {
 	return append(k, be64(ino)...)
 }
 
-func inodeKey(ino uint64) []byte    { return keyWithIno(prefixInode, ino) }
-func symlinkKey(ino uint64) []byte  { return keyWithIno(prefixSymlink, ino) }
-func parentKey(ino uint64) []byte   { return keyWithIno(prefixParent, ino) }
-func layoutKey(ino uint64) []byte   { return keyWithIno(prefixLayout, ino) }
-func orphanKey(ino uint64) []byte   { return keyWithIno(prefixOrphan, ino) }
-func gcKey(ino uint64) []byte       { return keyWithIno(prefixGC, ino) }
-func deadKey(ino uint64) []byte     { return keyWithIno(prefixDead, ino) }
+func inodeKey(ino uint64) []byte   { return keyWithIno(prefixInode, ino) }
+func symlinkKey(ino uint64) []byte { return keyWithIno(prefixSymlink, ino) }
+func parentKey(ino uint64) []byte  { return keyWithIno(prefixParent, ino) }
+func layoutKey(ino uint64) []byte  { return keyWithIno(prefixLayout, ino) }
+func orphanKey(ino uint64) []byte  { return keyWithIno(prefixOrphan, ino) }
+func gcKey(ino uint64) []byte      { return keyWithIno(prefixGC, ino) }
+func deadKey(ino uint64) []byte    { return keyWithIno(prefixDead, ino) }
 
 // dentryPrefix is the prefix of all entries of directory dir.
 func dentryPrefix(dir uint64) []byte { return append(keyWithIno(prefixDentry, dir), '/') }

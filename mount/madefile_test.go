@@ -129,7 +129,9 @@ func TestMadeFileOperations(t *testing.T) {
 			func(e *madeEnv) error { return wantXattrs(e.pb(e.name)) }},
 		{"chmod",
 			func(e *madeEnv) error { return e.f.Chmod(0o600) },
-			func(e *madeEnv) error { return wantStatB(e, func(st *syscall.Stat_t) bool { return st.Mode&0o7777 == 0o600 }) }},
+			func(e *madeEnv) error {
+				return wantStatB(e, func(st *syscall.Stat_t) bool { return st.Mode&0o7777 == 0o600 })
+			}},
 		{"chown",
 			func(e *madeEnv) error { return os.Chown(e.pa(e.name), 1234, 5678) },
 			func(e *madeEnv) error {

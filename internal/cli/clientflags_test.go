@@ -44,11 +44,11 @@ func TestClientSettingsSizes(t *testing.T) {
 // sent is the client's own business: no flag tunes it.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
-		args          []string
-		noLocalReads  bool
-		openAround    int // 0: the default
-		closeSync     bool
-		wantErr       bool
+		args         []string
+		noLocalReads bool
+		openAround   int // 0: the default
+		closeSync    bool
+		wantErr      bool
 	}{
 		{args: nil},
 		{args: []string{"--local-reads=false"}, noLocalReads: true},
