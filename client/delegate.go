@@ -81,6 +81,7 @@ type createCount struct {
 // pendingCreate is a file made under a delegation, until the meta
 // service has it.
 type pendingCreate struct {
+	c    *Client
 	nf   *weftv1.NewFile
 	sent bool      // taken into a CreateMany (under delegState.mu): nf no longer changes
 	made time.Time // when it was made (monotonic)
@@ -257,7 +258,7 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 		nf.Layout = dd.layouts[dd.next%len(dd.layouts)]
 		dd.next++
 	}
-	p := &pendingCreate{nf: nf, made: time.Now(), done: make(chan struct{})}
+	p := &pendingCreate{c: c, nf: nf, made: time.Now(), done: make(chan struct{})}
 	attr = &weftv1.Attr{
 		Ino: ino, Mode: syscall.S_IFREG | mode&0o7777, Nlink: 1, Uid: caller.GetUid(), Gid: caller.GetGid(),
 		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1, Layout: nf.Layout,
@@ -270,7 +271,7 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	c.armPendingLocked()
 	p.cur = proto.Clone(attr).(*weftv1.Attr)
 	f = c.newFile(attr, flags, sess, caller)
-	f.pending = p
+	f.made = p
 	if f.in != nil && p.hasLayout() {
 		f.in.mu.Lock()
 		f.in.pending = p

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -10,37 +11,71 @@ import (
 
 // Open files made under a delegation (their open records) and what waits for a file's create before it goes to the meta service.
 
-// readyToWrite is ready for a write: a file made here with a layout from
-// its grant is written at once (its data goes ahead of its create), unless
-// the meta service refused it already.
-func (f *File) readyToWrite(ctx context.Context) error {
-	if p := f.pending; p.hasLayout() {
+// The uses of a file made here (File.made) wait for what they need of its
+// create; every method is a no-op for nil (any other file).
+
+// ready waits until the meta service has the file, and gives the inode in
+// (nil if not regular) its layout: reads, fallocate.
+func (p *pendingCreate) ready(ctx context.Context, in *inode) error {
+	if p == nil {
+		return nil
+	}
+	if err := p.c.awaitCreate(ctx, p); err != nil {
+		return err
+	}
+	if in != nil {
+		in.mu.Lock()
+		if in.layout == nil {
+			in.layout = p.attr.Layout
+		}
+		in.mu.Unlock()
+	}
+	return nil
+}
+
+// readyToWrite is ready for a write: a file with a layout from its grant
+// is written at once (its data goes ahead of its create), unless the meta
+// service refused it already; its close then flushes.
+func (p *pendingCreate) readyToWrite(ctx context.Context, in *inode) error {
+	if p == nil {
+		return nil
+	}
+	p.written.Store(true)
+	if p.hasLayout() {
 		if p.stored() {
 			return p.err
 		}
 		return nil
 	}
-	return f.ready(ctx)
+	return p.ready(ctx, in)
 }
 
-// ready waits until the meta service has the file, if it was made under a
-// delegation, and gives the inode its layout.
-func (f *File) ready(ctx context.Context) error {
-	p := f.pending
-	if p == nil {
+// errFlushHere says that a flush of a file made here is the usual one.
+var errFlushHere = errors.New("flush as any file")
+
+// readyToFlush is the part of a close's or fsync's flush of f that its
+// create needs, or errFlushHere when the usual flush of f.in is all. A
+// close of a file neither written nor read (reads wait for the meta
+// service) has nothing to flush, and the file goes within milliseconds.
+// A file with a layout from its grant may have its data out already: its
+// data is flushed first, so that its length goes with the create
+// (inode.commitLocked), which is then awaited.
+func (p *pendingCreate) readyToFlush(ctx context.Context, f *File, durable, advance, closing bool) error {
+	switch {
+	case p == nil:
+		return errFlushHere
+	case closing && !p.stored() && !p.written.Load():
 		return nil
+	case p.hasLayout() && f.in != nil:
+		if err := f.in.flush(ctx, durable, &f.seen, advance); err != nil {
+			return err
+		}
+		return p.c.awaitCreate(ctx, p)
 	}
-	if err := f.c.awaitCreate(ctx, p); err != nil {
+	if err := p.ready(ctx, f.in); err != nil {
 		return err
 	}
-	if f.in != nil {
-		f.in.mu.Lock()
-		if f.in.layout == nil {
-			f.in.layout = p.attr.Layout
-		}
-		f.in.mu.Unlock()
-	}
-	return nil
+	return errFlushHere
 }
 
 // dropUnregistered forgets f if it is open without an open record at the
@@ -75,11 +110,11 @@ func (c *Client) registerOpens(ctx context.Context) error {
 	var inos []uint64
 	for f := range d.unreg {
 		select {
-		case <-f.pending.done:
+		case <-f.made.done:
 		default:
 			continue // made after the sends began: nothing can name it yet
 		}
-		if f.pending.err == nil {
+		if f.made.err == nil {
 			files = append(files, f)
 			inos = append(inos, f.ino)
 		}
