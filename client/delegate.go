@@ -233,8 +233,9 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	}
 	sess := c.Session()
 	dirAttr := c.dirs.attr(parent)
-	if dirAttr == nil || dirAttr.Mode&syscall.S_ISGID != 0 {
-		return nil, nil, false // the group rule of a setgid directory is the meta service's
+	who := perm.Of(caller)
+	if dirAttr == nil || !who.Allowed(dirAttr, perm.MayWrite|perm.MayExec) {
+		return nil, nil, false // the meta service says why not
 	}
 	d.mu.Lock()
 	dd := d.dirs[parent]
@@ -259,10 +260,9 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 		dd.next++
 	}
 	p := &pendingCreate{c: c, nf: nf, made: time.Now(), done: make(chan struct{})}
-	attr = &weftv1.Attr{
-		Ino: ino, Mode: syscall.S_IFREG | mode&0o7777, Nlink: 1, Uid: caller.GetUid(), Gid: caller.GetGid(),
-		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1, Layout: nf.Layout,
-	}
+	// As the meta service makes it (owner, group, setgid rules).
+	attr = perm.NewAttr(who, dirAttr, syscall.S_IFREG|mode&0o7777, ino, now)
+	attr.Layout = nf.Layout
 	// The name goes into the complete-directory cache before anyone can
 	// look it up, under the delegation's lock (a recall waits for it).
 	c.dirs.add(parent, name, true, now)
