@@ -19,19 +19,6 @@ const (
 // maxLinks is the most names a non-directory may have (as ext4).
 const maxLinks = 65000
 
-// writableDir loads directory ino and checks that c may add or remove
-// entries in it (search and write permission).
-func (x *tx) writableDir(c caller, ino uint64, op string) (*weftv1.Attr, error) {
-	d, err := x.dir(ino, op)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Check(d, mayWrite|mayExec, op); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
 // Lookup finds name in directory parent. "." is the directory itself and
 // ".." its parent.
 func (s *Service) Lookup(ctx context.Context, req *weftv1.LookupRequest) (*weftv1.AttrResponse, error) {
