@@ -211,6 +211,24 @@ func TestMadeFileOperations(t *testing.T) {
 				}
 				return nil
 			}},
+		{"open again here",
+			func(e *madeEnv) error {
+				g, err := os.OpenFile(e.pa(e.name), os.O_RDWR, 0)
+				if err != nil {
+					return err
+				}
+				defer g.Close()
+				if _, err := g.WriteString("again"); err != nil {
+					return err
+				}
+				return g.Close()
+			},
+			func(e *madeEnv) error {
+				if got, err := os.ReadFile(e.pb(e.name)); err != nil || string(got) != "again" {
+					return fmt.Errorf("read through the other mount: %q, %v; want again", got, err)
+				}
+				return nil
+			}},
 		{"open, stat and read from the other mount",
 			func(e *madeEnv) error { return nil },
 			func(e *madeEnv) error {
