@@ -9,7 +9,10 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Open files made under a delegation (their open records) and what waits for a file's create before it goes to the meta service.
+// Where files made here under a delegation and not sent yet meet the rest
+// of the client: what each use of such a File waits for (File.made), the
+// open records of those still open, and beforeCall, the one seam every
+// other call to the meta service passes.
 
 // The uses of a file made here (File.made) wait for what they need of its
 // create; every method is a no-op for nil (any other file).
