@@ -159,8 +159,8 @@ var madeFirst = map[string]madeNeed{
 	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
 	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
 	"Access": madeSent, "GetXattr": madeSent, "SetXattr": madeSent, "ListXattr": madeSent,
-	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent,
-	"SetLock": madeSent, "StatFS": madeSent,
+	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent, "SetLock": madeSent,
+
 	"Unlink": madeOpenRecorded, "Rename": madeOpenRecorded, "Link": madeOpenRecorded,
 }
 
