@@ -142,19 +142,21 @@ func (c *Client) registerOpens(ctx context.Context) error {
 type madeNeed uint8
 
 const (
+	// madeNothing: the call names nothing such a file could be.
+	madeNothing madeNeed = iota + 1
 	// madeSent: the call may name one of them or their directories;
 	// they are sent first.
-	madeSent madeNeed = iota + 1
+	madeSent
 	// madeOpenRecorded: the call may also remove a name of one; they are
 	// sent, and the opens this client holds of them recorded, first.
 	madeOpenRecorded
 )
 
 // madeFirst is the one list of what each meta call needs of the files
-// made here (beforeCall). Calls not listed name nothing such a file could
-// be: sessions, chains, the delegation calls themselves, and the commits
-// and releases of files the meta service has (a made file's own commit
-// goes with its create, flush.go).
+// made here (beforeCall); every call of the meta service is in it
+// (TestMadeFirstCoversEveryCall). Sessions, chains, the delegation calls
+// themselves, and the commits and releases of files the meta service has
+// (a made file's own commit goes with its create, flush.go) need nothing.
 var madeFirst = map[string]madeNeed{
 	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
 	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
@@ -162,6 +164,12 @@ var madeFirst = map[string]madeNeed{
 	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent, "SetLock": madeSent,
 
 	"Unlink": madeOpenRecorded, "Rename": madeOpenRecorded, "Link": madeOpenRecorded,
+
+	"Delegate": madeNothing, "ReturnDelegation": madeNothing, "CreateMany": madeNothing, "RecordOpens": madeNothing,
+	"Release": madeNothing, "CommitWrite": madeNothing, "StatFS": madeNothing, "Batch": madeNothing,
+	"OpenSession": madeNothing, "RenewSession": madeNothing, "CloseSession": madeNothing,
+	"RegisterServer": madeNothing, "Heartbeat": madeNothing, "GetChains": madeNothing, "ReportSynced": madeNothing,
+	"RemoveTarget": madeNothing, "Status": madeNothing, "Watch": madeNothing, "Forget": madeNothing, "Fsck": madeNothing,
 }
 
 // beforeCall runs before every call of this client to the meta service:
