@@ -106,15 +106,6 @@ type Config struct {
 	// OnInvalidate, if set, subscribes the client to the meta service's
 	// callbacks (see WatchCallbacks) and receives them.
 	OnInvalidate func(*weftv1.Invalidation)
-	// NoDelegations turns create delegations off: every create is a call
-	// to the meta service (see README.md "Create delegations").
-	NoDelegations bool
-	// CreateSendDelay is the longest a file made under a delegation waits
-	// to be sent to the meta service when nobody waits for it (0: 2 ms).
-	// Longer lets more files go in one call, and more files' lengths and
-	// attribute changes go with their creates; it is also how long an
-	// empty file closed without I/O may go unsent.
-	CreateSendDelay time.Duration
 	// CloseSync makes a close wait until the file's data is on the disks
 	// of every live replica (fdatasync), as an fsync does. Without it a
 	// close waits until every live replica has the data in its memory:
@@ -122,11 +113,19 @@ type Config struct {
 	// the loss of any one machine, and an fsync makes it durable on disk
 	// (README.md "The durability contract").
 	CloseSync bool
-	// SerialCloses makes the close of a small file made under a
-	// delegation send its data and then its create, one after the other,
-	// instead of both at once with the meta service keeping a record
-	// until the data is confirmed (see README.md "Create delegations").
-	SerialCloses bool
+	// Testing holds settings for tests only; no flag sets them.
+	Testing Testing
+}
+
+// Testing are Config settings that hold the client's internal mechanisms
+// in a state a test needs.
+type Testing struct {
+	// NoDelegations turns create delegations off: every create is a call
+	// to the meta service (see README.md "Create delegations").
+	NoDelegations bool
+	// CreateSendDelay is the longest a file made under a delegation waits
+	// to be sent when nobody waits for it (0: pendingDelay, 2 ms).
+	CreateSendDelay time.Duration
 }
 
 // Client is a connection to one weft cluster: a session with the meta
@@ -141,8 +140,6 @@ type Client struct {
 	// localSetAttrs counts attribute changes applied to unsent creates
 	// (setAttrLocal).
 	localSetAttrs atomic.Uint64
-	// inFlightCloses counts closes that sent data and create at once.
-	inFlightCloses atomic.Uint64
 	// layoutHints are regular files' layouts heard lately; earlyOpens
 	// counts chunks opened beside their file's open (earlyopen.go).
 	layoutHints layoutHints
@@ -369,7 +366,6 @@ func (c *Client) Close() error {
 		ctx := context.Background()
 		err := c.FlushAll(ctx)
 		c.drainReleases()
-		c.sendConfirms() // else the meta service checks their data itself
 		c.cancelBg()
 		c.wg.Wait()
 		err = errors.Join(err, c.closeSession(ctx))

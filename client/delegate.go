@@ -81,6 +81,7 @@ type createCount struct {
 // pendingCreate is a file made under a delegation, until the meta
 // service has it.
 type pendingCreate struct {
+	c    *Client
 	nf   *weftv1.NewFile
 	sent bool      // taken into a CreateMany (under delegState.mu): nf no longer changes
 	made time.Time // when it was made (monotonic)
@@ -210,11 +211,6 @@ type delegState struct {
 	made      atomic.Uint64              // files made here
 	lastMade  atomic.Int64               // when the last one was made (Unix ns)
 	granted   atomic.Uint64              // grants received
-	// confirms are files sent with their data in flight whose data the
-	// data servers acknowledged, to confirm with the next CreateMany
-	// (inflight.go); confirmTimer: a lone send is scheduled.
-	confirms     []uint64
-	confirmTimer bool
 }
 
 // Delegations reports how many directories this client holds and how
@@ -237,8 +233,9 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	}
 	sess := c.Session()
 	dirAttr := c.dirs.attr(parent)
-	if dirAttr == nil || dirAttr.Mode&syscall.S_ISGID != 0 {
-		return nil, nil, false // the group rule of a setgid directory is the meta service's
+	who := perm.Of(caller)
+	if dirAttr == nil || !who.Allowed(dirAttr, perm.MayWrite|perm.MayExec) {
+		return nil, nil, false // the meta service says why not
 	}
 	d.mu.Lock()
 	dd := d.dirs[parent]
@@ -262,11 +259,10 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 		nf.Layout = dd.layouts[dd.next%len(dd.layouts)]
 		dd.next++
 	}
-	p := &pendingCreate{nf: nf, made: time.Now(), done: make(chan struct{})}
-	attr = &weftv1.Attr{
-		Ino: ino, Mode: syscall.S_IFREG | mode&0o7777, Nlink: 1, Uid: caller.GetUid(), Gid: caller.GetGid(),
-		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1, Layout: nf.Layout,
-	}
+	p := &pendingCreate{c: c, nf: nf, made: time.Now(), done: make(chan struct{})}
+	// As the meta service makes it (owner, group, setgid rules).
+	attr = perm.NewAttr(who, dirAttr, syscall.S_IFREG|mode&0o7777, ino, now)
+	attr.Layout = nf.Layout
 	// The name goes into the complete-directory cache before anyone can
 	// look it up, under the delegation's lock (a recall waits for it).
 	c.dirs.add(parent, name, true, now)
@@ -275,7 +271,7 @@ func (c *Client) createLocal(caller *weftv1.Caller, parent uint64, name string, 
 	c.armPendingLocked()
 	p.cur = proto.Clone(attr).(*weftv1.Attr)
 	f = c.newFile(attr, flags, sess, caller)
-	f.pending = p
+	f.made = p
 	if f.in != nil && p.hasLayout() {
 		f.in.mu.Lock()
 		f.in.pending = p

@@ -13,7 +13,7 @@ import (
 // noteCreate counts an answered create in dir and asks for the directory
 // once this client makes files there often and knows its names.
 func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
-	if c.cfg.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" {
+	if c.cfg.Testing.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" {
 		return
 	}
 	d := &c.deleg
@@ -176,7 +176,7 @@ func (c *Client) enoughInos() bool {
 // new directory are made here.
 func (c *Client) delegateAtMkdir(parent uint64, caller *weftv1.Caller) bool {
 	d := &c.deleg
-	if c.cfg.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" || d.held.Load() >= maxHeldDirs {
+	if c.cfg.Testing.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" || d.held.Load() >= maxHeldDirs {
 		return false
 	}
 	if time.Since(time.Unix(0, d.lastMade.Load())) < delegateWindow {

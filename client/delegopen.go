@@ -2,45 +2,83 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Open files made under a delegation (their open records) and what waits for a file's create before it goes to the meta service.
+// Where files made here under a delegation and not sent yet meet the rest
+// of the client: what each use of such a File waits for (File.made), the
+// open records of those still open, and beforeCall, the one seam every
+// other call to the meta service passes.
 
-// readyToWrite is ready for a write: a file made here with a layout from
-// its grant is written at once (its data goes ahead of its create), unless
-// the meta service refused it already.
-func (f *File) readyToWrite(ctx context.Context) error {
-	if p := f.pending; p.hasLayout() {
+// The uses of a file made here (File.made) wait for what they need of its
+// create; every method is a no-op for nil (any other file).
+
+// ready waits until the meta service has the file, and gives the inode in
+// (nil if not regular) its layout: reads, fallocate.
+func (p *pendingCreate) ready(ctx context.Context, in *inode) error {
+	if p == nil {
+		return nil
+	}
+	if err := p.c.awaitCreate(ctx, p); err != nil {
+		return err
+	}
+	if in != nil {
+		in.mu.Lock()
+		if in.layout == nil {
+			in.layout = p.attr.Layout
+		}
+		in.mu.Unlock()
+	}
+	return nil
+}
+
+// readyToWrite is ready for a write: a file with a layout from its grant
+// is written at once (its data goes ahead of its create), unless the meta
+// service refused it already; its close then flushes.
+func (p *pendingCreate) readyToWrite(ctx context.Context, in *inode) error {
+	if p == nil {
+		return nil
+	}
+	p.written.Store(true)
+	if p.hasLayout() {
 		if p.stored() {
 			return p.err
 		}
 		return nil
 	}
-	return f.ready(ctx)
+	return p.ready(ctx, in)
 }
 
-// ready waits until the meta service has the file, if it was made under a
-// delegation, and gives the inode its layout.
-func (f *File) ready(ctx context.Context) error {
-	p := f.pending
-	if p == nil {
+// errFlushHere says that a flush of a file made here is the usual one.
+var errFlushHere = errors.New("flush as any file")
+
+// readyToFlush is the part of a close's or fsync's flush of f that its
+// create needs, or errFlushHere when the usual flush of f.in is all. A
+// close of a file neither written nor read (reads wait for the meta
+// service) has nothing to flush, and the file goes within milliseconds.
+// A file with a layout from its grant may have its data out already: its
+// data is flushed first, so that its length goes with the create
+// (inode.commitLocked), which is then awaited.
+func (p *pendingCreate) readyToFlush(ctx context.Context, f *File, durable, advance, closing bool) error {
+	switch {
+	case p == nil:
+		return errFlushHere
+	case closing && !p.stored() && !p.written.Load():
 		return nil
+	case p.hasLayout() && f.in != nil:
+		if err := f.in.flush(ctx, durable, &f.seen, advance); err != nil {
+			return err
+		}
+		return p.c.awaitCreate(ctx, p)
 	}
-	if err := f.c.awaitCreate(ctx, p); err != nil {
+	if err := p.ready(ctx, f.in); err != nil {
 		return err
 	}
-	if f.in != nil {
-		f.in.mu.Lock()
-		if f.in.layout == nil {
-			f.in.layout = p.attr.Layout
-		}
-		f.in.mu.Unlock()
-	}
-	return nil
+	return errFlushHere
 }
 
 // dropUnregistered forgets f if it is open without an open record at the
@@ -62,25 +100,24 @@ func (c *Client) dropUnregistered(f *File) bool {
 }
 
 // registerOpens records with the meta service the opens of files made
-// here that it has (their creates are sent first). Releases wait while it
-// runs.
+// here that it has (the caller sent their creates). Releases wait while
+// it runs.
 func (c *Client) registerOpens(ctx context.Context) error {
 	d := &c.deleg
 	if d.nUnreg.Load() == 0 {
 		return nil
 	}
-	c.sendPending(ctx)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var files []*File
 	var inos []uint64
 	for f := range d.unreg {
 		select {
-		case <-f.pending.done:
+		case <-f.made.done:
 		default:
 			continue // made after the sends began: nothing can name it yet
 		}
-		if f.pending.err == nil {
+		if f.made.err == nil {
 			files = append(files, f)
 			inos = append(inos, f.ino)
 		}
@@ -100,10 +137,46 @@ func (c *Client) registerOpens(ctx context.Context) error {
 	return nil
 }
 
+// madeNeed is what a meta call needs of the files made here under a
+// delegation and not sent yet.
+type madeNeed uint8
+
+const (
+	// madeNothing: the call names nothing such a file could be.
+	madeNothing madeNeed = iota + 1
+	// madeSent: the call may name one of them or their directories;
+	// they are sent first.
+	madeSent
+	// madeOpenRecorded: the call may also remove a name of one; they are
+	// sent, and the opens this client holds of them recorded, first.
+	madeOpenRecorded
+)
+
+// madeFirst is the one list of what each meta call needs of the files
+// made here (beforeCall); every call of the meta service is in it
+// (TestMadeFirstCoversEveryCall). Sessions, chains, the delegation calls
+// themselves, and the commits and releases of files the meta service has
+// (a made file's own commit goes with its create, flush.go) need nothing.
+var madeFirst = map[string]madeNeed{
+	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
+	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
+	"Access": madeSent, "GetXattr": madeSent, "SetXattr": madeSent, "ListXattr": madeSent,
+	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent, "SetLock": madeSent,
+
+	"Unlink": madeOpenRecorded, "Rename": madeOpenRecorded, "Link": madeOpenRecorded,
+
+	"Delegate": madeNothing, "ReturnDelegation": madeNothing, "CreateMany": madeNothing, "RecordOpens": madeNothing,
+	"Release": madeNothing, "CommitWrite": madeNothing, "StatFS": madeNothing, "Batch": madeNothing,
+	"OpenSession": madeNothing, "RenewSession": madeNothing, "CloseSession": madeNothing,
+	"RegisterServer": madeNothing, "Heartbeat": madeNothing, "GetChains": madeNothing, "ReportSynced": madeNothing,
+	"RemoveTarget": madeNothing, "Status": madeNothing, "Watch": madeNothing, "Forget": madeNothing, "Fsck": madeNothing,
+}
+
 // beforeCall runs before every call of this client to the meta service:
-// files made here must be there before anything that could see or
-// change their directories, and their opens recorded before anything
-// that could remove a name.
+// it is where files made here meet every other namespace call. They are
+// at the meta service before anything that could see or change them or
+// their directories, and their opens recorded before anything that
+// could remove a name.
 func (c *Client) beforeCall(ctx context.Context, method string) error {
 	name := method[strings.LastIndexByte(method, '/')+1:]
 	if clearsFileAttrs[name] && c.dirs.hasFiles() {
@@ -113,11 +186,11 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
 		return nil
 	}
-	switch name {
-	case "Unlink", "Rename", "Link":
+	switch madeFirst[name] {
+	case madeOpenRecorded:
+		c.sendPending(ctx)
 		return c.registerOpens(ctx)
-	case "Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Rmdir", "Symlink", "Readlink", "ReadDir",
-		"Open", "Access", "GetXattr", "SetXattr", "ListXattr", "RemoveXattr", "GetLayout", "SetLayout":
+	case madeSent:
 		c.sendPending(ctx)
 	}
 	return nil

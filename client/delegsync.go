@@ -50,45 +50,6 @@ func (c *Client) SyncDir(ctx context.Context, dir uint64) error {
 	return nil
 }
 
-// sendPendingFile sends file ino first if it was made here and not sent
-// yet (locks, extended attributes: the meta service must have it).
-func (c *Client) sendPendingFile(ctx context.Context, ino uint64) {
-	d := &c.deleg
-	if d.waiting.Load() == 0 {
-		return
-	}
-	d.mu.Lock()
-	needed := len(d.inflight) > 0 || slices.ContainsFunc(d.queue, func(p *pendingCreate) bool { return p.nf.GetIno() == ino })
-	d.mu.Unlock()
-	if needed {
-		c.sendPending(ctx)
-	}
-}
-
-// sendPendingIn sends the files made here and not sent yet before a call
-// that names entries of dirs (unlink, rename, link): the meta service
-// must have them first, or the call finds no such name. With no dirs it
-// sends them if there are any (rmdir: the directory's own files are not
-// known by its parent).
-func (c *Client) sendPendingIn(ctx context.Context, dirs ...uint64) {
-	d := &c.deleg
-	if d.waiting.Load() == 0 {
-		return
-	}
-	d.mu.Lock()
-	needed := len(dirs) == 0 || len(d.inflight) > 0
-	for _, p := range d.queue {
-		if needed {
-			break
-		}
-		needed = slices.Contains(dirs, p.nf.GetParent())
-	}
-	d.mu.Unlock()
-	if needed {
-		c.sendPending(ctx)
-	}
-}
-
 // pendingTimer sends the queued files once the oldest has waited
 // pendingDelay, so that each file gets its time to be written and closed
 // first (its length then goes with its create), not only the file that
@@ -130,10 +91,10 @@ func (c *Client) armPendingLocked() {
 	}
 }
 
-// createSendDelay is Config.CreateSendDelay or its default.
+// createSendDelay is Config.Testing.CreateSendDelay or pendingDelay.
 func (c *Client) createSendDelay() time.Duration {
-	if c.cfg.CreateSendDelay > 0 {
-		return c.cfg.CreateSendDelay
+	if c.cfg.Testing.CreateSendDelay > 0 {
+		return c.cfg.Testing.CreateSendDelay
 	}
 	return pendingDelay
 }
@@ -290,7 +251,7 @@ func (c *Client) sendHeldData(ctx context.Context) {
 // It runs in the background (the files' creators wait on them, not on
 // the caller's context), retrying while the meta service is unreachable.
 func (c *Client) createMany(batch []*pendingCreate) {
-	req := &weftv1.CreateManyRequest{Session: c.Session(), Files: make([]*weftv1.NewFile, len(batch)), Confirmed: c.takeConfirms()}
+	req := &weftv1.CreateManyRequest{Session: c.Session(), Files: make([]*weftv1.NewFile, len(batch))}
 	for i, p := range batch {
 		req.Files[i] = p.nf
 	}
@@ -309,11 +270,6 @@ func (c *Client) createMany(batch []*pendingCreate) {
 	}
 	if err == nil && len(resp.Results) != len(batch) {
 		err = fmt.Errorf("meta service answered %d of %d files", len(resp.Results), len(batch))
-	}
-	if err != nil {
-		c.returnConfirms(req.Confirmed)
-	} else {
-		c.noteUnknownConfirms(resp.Unknown)
 	}
 	// The meta service answered (or will never): these no longer wait,
 	// counted before anyone waiting on one of them wakes.

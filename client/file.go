@@ -29,9 +29,10 @@ type File struct {
 	session  string
 	caller   *weftv1.Caller
 	released atomic.Bool
-	// pending is set for a file made here under a create delegation: its
-	// data and attributes wait until the meta service has it.
-	pending *pendingCreate
+	// made is set for a file made here under a create delegation and
+	// not yet known to be at the meta service; its methods (delegopen.go,
+	// nil for any other file) say what each use of the file waits for.
+	made *pendingCreate
 	// seen is how far this file has reported its inode's write-back
 	// errors (wberr.go); guarded by in.mu.
 	seen errCursor
@@ -179,7 +180,7 @@ func (f *File) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
 	}
-	if err := f.ready(ctx); err != nil {
+	if err := f.made.ready(ctx, f.in); err != nil {
 		return 0, err
 	}
 	if off < 0 {
@@ -196,7 +197,7 @@ func (f *File) ReadView(ctx context.Context, p []byte, off int64) ([]byte, func(
 	if f.in == nil {
 		return nil, nil, errNotRegular
 	}
-	if err := f.ready(ctx); err != nil {
+	if err := f.made.ready(ctx, f.in); err != nil {
 		return nil, nil, err
 	}
 	if off < 0 {
@@ -215,11 +216,8 @@ func (f *File) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if f.in == nil {
 		return 0, errNotRegular
 	}
-	if err := f.readyToWrite(ctx); err != nil {
+	if err := f.made.readyToWrite(ctx, f.in); err != nil {
 		return 0, err
-	}
-	if f.pending != nil {
-		f.pending.written.Store(true)
 	}
 	if off < 0 {
 		return 0, fmt.Errorf("write at negative offset %d: %w", off, syscall.EINVAL)
@@ -274,13 +272,7 @@ func (c *Client) relieve(ctx context.Context, in *inode, off, n uint64) {
 // not yet reported by this File's Fsync (each close of the open file
 // reports it: dup and fork make several).
 func (f *File) Flush(ctx context.Context) error {
-	if p := f.pending; p != nil && !p.stored() && !p.written.Load() {
-		// Made here under a delegation and neither written nor read
-		// (reads wait for the meta service): nothing to flush, and the
-		// file goes to the meta service within milliseconds.
-		return nil
-	}
-	return f.flush(ctx, f.c.cfg.CloseSync, false)
+	return f.flush(ctx, f.c.cfg.CloseSync, false, true)
 }
 
 // Fsync makes every write acknowledged before it durable (on the disks of
@@ -288,21 +280,13 @@ func (f *File) Flush(ctx context.Context) error {
 // meta service, before it returns. It fails, once, if a write-back error
 // of the file was not yet reported by this File's Fsync.
 func (f *File) Fsync(ctx context.Context) error {
-	return f.flush(ctx, true, true)
+	return f.flush(ctx, true, true, false)
 }
 
-// flush is Flush or Fsync: durable or not; advance moves the File's
-// cursor past the error it reports (Fsync).
-func (f *File) flush(ctx context.Context, durable, advance bool) error {
-	if p := f.pending; p.hasLayout() && f.in != nil {
-		// Its data may be out already: flush it first, so that its
-		// length can go with the create (inode.commitLocked).
-		if err := f.in.flush(ctx, durable, &f.seen, advance); err != nil {
-			return err
-		}
-		return f.c.awaitCreate(ctx, p)
-	}
-	if err := f.ready(ctx); err != nil {
+// flush is Flush (closing) or Fsync: durable or not; advance moves the
+// File's cursor past the error it reports (Fsync).
+func (f *File) flush(ctx context.Context, durable, advance, closing bool) error {
+	if err := f.made.readyToFlush(ctx, f, durable, advance, closing); err != errFlushHere {
 		return err
 	}
 	if f.in == nil {
@@ -379,7 +363,7 @@ func (f *File) Fallocate(ctx context.Context, mode uint32, off, length uint64) e
 	if f.in == nil {
 		return errNotRegular
 	}
-	if err := f.ready(ctx); err != nil {
+	if err := f.made.ready(ctx, f.in); err != nil {
 		return err
 	}
 	switch mode {

@@ -23,7 +23,7 @@ func TestFileAttrsKeptUnderCallbacks(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 1, Replicas: 1}
 	tc := startCluster(t, layout, 1)
 	ctx := context.Background()
-	a := newTestClient(t, tc.metaAddr, Config{OnInvalidate: func(*weftv1.Invalidation) {}, NoDelegations: true})
+	a := newTestClient(t, tc.metaAddr, Config{OnInvalidate: func(*weftv1.Invalidation) {}, Testing: Testing{NoDelegations: true}})
 	b := newTestClient(t, tc.metaAddr, Config{})
 	deadline := time.Now().Add(10 * time.Second)
 	for !a.CallbacksLive() {

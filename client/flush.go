@@ -33,10 +33,6 @@ func (in *inode) flush(ctx context.Context, durable bool, seen *errCursor, advan
 	case p == nil:
 		err = in.flushData(ctx, durable)
 	default:
-		done := false
-		if done, err = in.flushInFlight(ctx, p, durable); done {
-			break
-		}
 		// A create not sent yet waits for the flush, which sends it
 		// with the file's length.
 		in.c.beginFlush(p)

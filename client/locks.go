@@ -47,7 +47,6 @@ type Lock struct {
 // with lk on inode ino (F_GETLK), or a Lock of type LockUnlock if lk could
 // be taken.
 func (c *Client) TestLock(ctx context.Context, caller *weftv1.Caller, ino, owner uint64, lk Lock) (Lock, error) {
-	c.sendPendingFile(ctx, ino)
 	resp, err := c.meta.GetLock(ctx, lockRequest(caller, ino, owner, lk, false, false))
 	if err != nil {
 		return Lock{}, fmt.Errorf("test lock on inode %d: %w", ino, err)
@@ -69,7 +68,6 @@ func (c *Client) TestLock(ctx context.Context, caller *weftv1.Caller, ino, owner
 // the previous holder wrote there (as NFS does): the FUSE adapter drops
 // the kernel's cached pages if the file changed.
 func (c *Client) SetLock(ctx context.Context, caller *weftv1.Caller, ino, owner uint64, lk Lock, flock, wait bool) (*weftv1.Attr, error) {
-	c.sendPendingFile(ctx, ino)
 	if lk.Type == LockUnlock {
 		// The lock goes even if the write-back failed: the error stays
 		// with the file and the next fsync or close reports it.

@@ -195,7 +195,6 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 
 // Unlink removes the non-directory name from parent.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
-	c.sendPendingIn(ctx, parent)
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
@@ -205,7 +204,6 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 
 // Rmdir removes the empty directory name from parent.
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
-	c.sendPendingIn(ctx) // files made in it here must count
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
@@ -220,7 +218,6 @@ func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 // RenameFlags bits (RENAME_NOREPLACE, RENAME_EXCHANGE).
 func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent uint64, oldName string,
 	newParent uint64, newName string, flags uint32) error {
-	c.sendPendingIn(ctx, oldParent, newParent)
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Rename(ctx, &weftv1.RenameRequest{
@@ -238,7 +235,6 @@ func (c *Client) Rename(ctx context.Context, caller *weftv1.Caller, oldParent ui
 
 // Link makes newParent/newName another name of inode ino.
 func (c *Client) Link(ctx context.Context, caller *weftv1.Caller, ino, newParent uint64, newName string) (*weftv1.Attr, error) {
-	c.sendPendingIn(ctx) // ino may be a file made here
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Link(ctx, &weftv1.LinkRequest{Caller: caller, Ino: ino, NewParent: newParent, NewName: newName})
@@ -341,7 +337,6 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 		// Anyone may read security.* names; a file made here has none.
 		return nil, fserr.Wrap(syscall.ENODATA, "get extended attribute %q of inode %d: no such attribute (the file was made here and has none)", name, ino)
 	}
-	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	resp, err := c.meta.GetXattr(ctx, &weftv1.GetXattrRequest{Caller: caller, Ino: ino, Name: name})
 	if err != nil {
@@ -354,7 +349,6 @@ func (c *Client) GetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 // XattrFlags bits (XATTR_CREATE, XATTR_REPLACE).
 func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string, value []byte, flags uint32) error {
 	c.forgetNoXattrs(ino)
-	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	_, err := c.meta.SetXattr(ctx, &weftv1.SetXattrRequest{Caller: caller, Ino: ino, Name: name, Value: value, Flags: flags})
 	c.noteAttrChange(ino)
@@ -363,7 +357,6 @@ func (c *Client) SetXattr(ctx context.Context, caller *weftv1.Caller, ino uint64
 
 // ListXattr returns the names of inode ino's extended attributes.
 func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint64) ([]string, error) {
-	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	resp, err := c.meta.ListXattr(ctx, &weftv1.ListXattrRequest{Caller: caller, Ino: ino})
 	if err != nil {
@@ -375,7 +368,6 @@ func (c *Client) ListXattr(ctx context.Context, caller *weftv1.Caller, ino uint6
 // RemoveXattr removes extended attribute name of inode ino.
 func (c *Client) RemoveXattr(ctx context.Context, caller *weftv1.Caller, ino uint64, name string) error {
 	c.forgetNoXattrs(ino)
-	c.sendPendingFile(ctx, ino)
 	c.countMeta()
 	_, err := c.meta.RemoveXattr(ctx, &weftv1.RemoveXattrRequest{Caller: caller, Ino: ino, Name: name})
 	c.noteAttrChange(ino)

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/fserr"
+	"github.com/weft-fs/weft/internal/perm"
 	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -243,36 +244,28 @@ func (x *tx) removeInode(a *weftv1.Attr) error {
 	return x.countInode(false, ino, -1)
 }
 
-// newInode makes inode ino (from Service.takeIno) owned by the
-// caller in directory parent, applying Linux's setgid-directory rules: entries inherit the directory's
-// group, subdirectories also its setgid bit, and a non-member cannot make a
-// group-executable setgid file there.
+// newInode makes inode ino (from Service.takeIno) owned by the caller in
+// directory parent (perm.NewAttr: the setgid-directory rules).
 func (x *tx) newInode(c caller, parent *weftv1.Attr, mode uint32, ino uint64) (*weftv1.Attr, error) {
-	a := &weftv1.Attr{
-		Ino: ino, Mode: mode, Nlink: 1, Uid: c.Uid, Gid: c.Gid,
-		AtimeNs: x.now, MtimeNs: x.now, CtimeNs: x.now, Generation: 1,
-	}
-	if parent.Mode&syscall.S_ISGID != 0 {
-		a.Gid = parent.Gid
-		if isDir(mode) {
-			a.Mode |= syscall.S_ISGID
-		}
-	}
-	if !isDir(mode) && a.Mode&(syscall.S_ISGID|0o010) == syscall.S_ISGID|0o010 && !c.Root() && !c.InGroup(a.Gid) {
-		a.Mode &^= syscall.S_ISGID
-	}
-	return a, nil
+	return perm.NewAttr(c, parent, mode, ino, x.now), nil
 }
 
 // addChild adds inode a as name in parent, stores a, and stamps and
 // stores the parent.
 func (x *tx) addChild(parent *weftv1.Attr, name string, a *weftv1.Attr) error {
+	return x.addChildAt(parent, name, a, x.now)
+}
+
+// addChildAt is addChild stamping the parent at t (a file made by a client
+// under a delegation: at its time, as the client showed it), never
+// backwards.
+func (x *tx) addChildAt(parent *weftv1.Attr, name string, a *weftv1.Attr, t int64) error {
 	if err := x.setEntry(parent.Ino, name, a); err != nil {
 		return err
 	}
 	if err := x.putInode(a); err != nil {
 		return err
 	}
-	x.touch(parent)
+	parent.MtimeNs, parent.CtimeNs = max(parent.MtimeNs, t), max(parent.CtimeNs, t)
 	return x.putInode(parent)
 }

@@ -52,9 +52,6 @@ import (
 //	                                   unowned and queued for deletion: a file
 //	                                   made under a delegation with it (its data
 //	                                   ahead of its create) is refused
-//	n/if/<ino>                         file whose data was in flight when it     CreateMany (data_in_flight),
-//	                                   was created (JSON: session, length,       dropped by the client's confirm
-//	                                   mtime; inflight.go)                       or by resolution (inflight.go)
 //	n/stop                             empty: the service stopped cleanly with   Close (lazy opens), removed at
 //	                                   every open record synced (replay.go)      the next start
 //	n/grace                            empty: a grace period began and its sweep start after a crash, removed when
@@ -89,7 +86,6 @@ var (
 	prefixOrphan  = []byte("n/or/")
 	prefixGC      = []byte("n/gc/")
 	prefixDead    = []byte("n/dead/")
-	prefixInFlt   = []byte("n/if/")
 )
 
 // rootIno is the inode number of the file system root.
@@ -107,14 +103,13 @@ func keyWithIno(prefix []byte, ino uint64) []byte {
 	return append(k, be64(ino)...)
 }
 
-func inodeKey(ino uint64) []byte    { return keyWithIno(prefixInode, ino) }
-func symlinkKey(ino uint64) []byte  { return keyWithIno(prefixSymlink, ino) }
-func parentKey(ino uint64) []byte   { return keyWithIno(prefixParent, ino) }
-func layoutKey(ino uint64) []byte   { return keyWithIno(prefixLayout, ino) }
-func orphanKey(ino uint64) []byte   { return keyWithIno(prefixOrphan, ino) }
-func gcKey(ino uint64) []byte       { return keyWithIno(prefixGC, ino) }
-func deadKey(ino uint64) []byte     { return keyWithIno(prefixDead, ino) }
-func inFlightKey(ino uint64) []byte { return keyWithIno(prefixInFlt, ino) }
+func inodeKey(ino uint64) []byte   { return keyWithIno(prefixInode, ino) }
+func symlinkKey(ino uint64) []byte { return keyWithIno(prefixSymlink, ino) }
+func parentKey(ino uint64) []byte  { return keyWithIno(prefixParent, ino) }
+func layoutKey(ino uint64) []byte  { return keyWithIno(prefixLayout, ino) }
+func orphanKey(ino uint64) []byte  { return keyWithIno(prefixOrphan, ino) }
+func gcKey(ino uint64) []byte      { return keyWithIno(prefixGC, ino) }
+func deadKey(ino uint64) []byte    { return keyWithIno(prefixDead, ino) }
 
 // dentryPrefix is the prefix of all entries of directory dir.
 func dentryPrefix(dir uint64) []byte { return append(keyWithIno(prefixDentry, dir), '/') }

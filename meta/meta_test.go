@@ -38,24 +38,6 @@ type chunkServer struct {
 	truncated map[uint64]uint64 // ino -> last size
 	deleted   map[uint64]int    // ino -> calls
 	failDel   bool
-	first     map[uint64]int // ino -> length of its first chunk, for ReadFullChunk
-}
-
-func (d *chunkServer) ReadFullChunk(_ context.Context, req *weftv1.ReadFullChunkRequest) (*weftv1.FullChunk, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n, ok := d.first[req.GetChunk().GetIno()]
-	if !ok || req.GetChunk().GetIndex() != 0 {
-		return &weftv1.FullChunk{Chunk: req.GetChunk()}, nil
-	}
-	return &weftv1.FullChunk{Chunk: req.GetChunk(), Version: 1, Exists: true, Data: make([]byte, n)}, nil
-}
-
-// holdFirstChunk makes the server hold the first chunk of ino, n bytes.
-func (d *chunkServer) holdFirstChunk(ino uint64, n int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.first[ino] = n
 }
 
 func (d *chunkServer) TruncateFile(_ context.Context, req *weftv1.TruncateFileRequest) (*weftv1.TruncateFileResponse, error) {
@@ -81,14 +63,6 @@ func (d *chunkServer) truncatedSize(ino uint64) uint64 {
 	return d.truncated[ino]
 }
 
-// truncatedTo returns the last size ino was truncated to, if it was.
-func (d *chunkServer) truncatedTo(ino uint64) (uint64, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n, ok := d.truncated[ino]
-	return n, ok
-}
-
 func (d *chunkServer) deletedCount(ino uint64) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -101,7 +75,7 @@ func startChunkServer(t *testing.T) *chunkServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &chunkServer{addr: lis.Addr().String(), truncated: map[uint64]uint64{}, deleted: map[uint64]int{}, first: map[uint64]int{}}
+	d := &chunkServer{addr: lis.Addr().String(), truncated: map[uint64]uint64{}, deleted: map[uint64]int{}}
 	srv := rpc.NewServer()
 	weftv1.RegisterDataServer(srv, d)
 	go srv.Serve(lis)

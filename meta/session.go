@@ -395,16 +395,11 @@ func (s *Service) expireSessions(ctx context.Context) error {
 	return nil
 }
 
-// settleWarnEvery spaces the warnings of files that cannot be settled
-// yet (resolveOrphanedInFlight runs every few seconds).
-const settleWarnEvery = time.Minute
-
 // sessionLoop expires sessions until ctx is done.
 func (s *Service) sessionLoop(ctx context.Context) {
 	interval := min(max(s.cfg.SessionLease/4, 50*time.Millisecond), 5*time.Second)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	var lastSettleWarn time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -413,13 +408,6 @@ func (s *Service) sessionLoop(ctx context.Context) {
 		}
 		if err := s.expireSessions(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("expire sessions", "err", err)
-		}
-		if err := s.resolveOrphanedInFlight(ctx); err != nil && ctx.Err() == nil {
-			if now := time.Now(); now.Sub(lastSettleWarn) >= settleWarnEvery {
-				lastSettleWarn = now
-				s.log.Warn("files whose data was in flight when their writer went away could not be settled yet (a data server down?); retrying every few seconds",
-					"err", err)
-			}
 		}
 	}
 }

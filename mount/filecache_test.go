@@ -16,7 +16,7 @@ import (
 // one of them shows at once; and the files read back whole.
 func TestColdStatAnsweredHere(t *testing.T) {
 	needFUSE(t)
-	tc, d, c := mountFreshDirConfig(t, client.Config{NoDelegations: true})
+	tc, d, c := mountFreshDirConfig(t, client.Config{Testing: client.Testing{NoDelegations: true}})
 	other, _, _ := mountWithConfig(t, tc, Options{}, client.Config{})
 	const n = 50
 	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 1000+i) }

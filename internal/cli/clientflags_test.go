@@ -38,35 +38,27 @@ func TestClientSettingsSizes(t *testing.T) {
 	}
 }
 
-// --local-reads, --create-delegations, --close-in-flight,
-// --create-send-delay, --open-around and --close-sync reach the client's
-// configuration: on (2 ms, 512 chunks; close-sync off) by default, off
-// when given false (0); a bad delay or bound is refused.
+// --local-reads, --open-around and --close-sync reach the client's
+// configuration: on (512 chunks; close-sync off) by default, off when
+// given false (0); a bad bound is refused. How creates are delegated and
+// sent is the client's own business: no flag tunes it.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
-		args          []string
-		noLocalReads  bool
-		noDelegations bool
-		serialCloses  bool
-		sendDelay     time.Duration
-		openAround    int // 0: the default
-		closeSync     bool
-		wantErr       bool
+		args         []string
+		noLocalReads bool
+		openAround   int // 0: the default
+		closeSync    bool
+		wantErr      bool
 	}{
-		{args: nil, sendDelay: 2 * time.Millisecond},
-		{args: []string{"--local-reads=false"}, noLocalReads: true, sendDelay: 2 * time.Millisecond},
-		{args: []string{"--local-reads=true"}, sendDelay: 2 * time.Millisecond},
-		{args: []string{"--create-delegations=false"}, noDelegations: true, sendDelay: 2 * time.Millisecond},
-		{args: []string{"--close-in-flight=false"}, serialCloses: true, sendDelay: 2 * time.Millisecond},
-		{args: []string{"--create-send-delay", "50ms"}, sendDelay: 50 * time.Millisecond},
-		{args: []string{"--create-send-delay", "0"}, wantErr: true},
-		{args: []string{"--create-send-delay", "2h"}, wantErr: true},
-		{args: []string{"--open-around", "64"}, sendDelay: 2 * time.Millisecond, openAround: 64},
-		{args: []string{"--open-around", "0"}, sendDelay: 2 * time.Millisecond, openAround: -1},
+		{args: nil},
+		{args: []string{"--local-reads=false"}, noLocalReads: true},
+		{args: []string{"--local-reads=true"}},
+		{args: []string{"--open-around", "64"}, openAround: 64},
+		{args: []string{"--open-around", "0"}, openAround: -1},
 		{args: []string{"--open-around", "-1"}, wantErr: true},
 		{args: []string{"--open-around", "5000"}, wantErr: true},
-		{args: []string{"--close-sync"}, sendDelay: 2 * time.Millisecond, closeSync: true},
-		{args: []string{"--close-sync=false"}, sendDelay: 2 * time.Millisecond},
+		{args: []string{"--close-sync"}, closeSync: true},
+		{args: []string{"--close-sync=false"}},
 	} {
 		cmd := &cobra.Command{Use: "x"}
 		s := clientSettings{onUnavailable: client.OnUnavailableFail, unavailableTimeout: time.Second, writeBuffer: "64MiB", readAhead: "8MiB"}
@@ -89,11 +81,8 @@ func TestClientSettingsSwitches(t *testing.T) {
 		if cfg.CloseSync != tt.closeSync {
 			t.Errorf("%v: CloseSync = %v, want %v", tt.args, cfg.CloseSync, tt.closeSync)
 		}
-		if cfg.NoLocalReads != tt.noLocalReads || cfg.NoDelegations != tt.noDelegations ||
-			cfg.SerialCloses != tt.serialCloses || cfg.CreateSendDelay != tt.sendDelay {
-			t.Errorf("%v: NoLocalReads = %v, NoDelegations = %v, SerialCloses = %v, CreateSendDelay = %v; want %v, %v, %v, %v", tt.args,
-				cfg.NoLocalReads, cfg.NoDelegations, cfg.SerialCloses, cfg.CreateSendDelay,
-				tt.noLocalReads, tt.noDelegations, tt.serialCloses, tt.sendDelay)
+		if cfg.NoLocalReads != tt.noLocalReads {
+			t.Errorf("%v: NoLocalReads = %v, want %v", tt.args, cfg.NoLocalReads, tt.noLocalReads)
 		}
 	}
 }

@@ -35,9 +35,6 @@ type clientSettings struct {
 	writeBuffer        string        // --write-buffer size
 	readAhead          string        // --read-ahead size; 0: off
 	localReads         bool          // --local-reads
-	delegations        bool          // --create-delegations
-	closeInFlight      bool          // --close-in-flight
-	createSendDelay    time.Duration // --create-send-delay
 	openAround         int           // --open-around; 0: off
 	closeSync          bool          // --close-sync
 }
@@ -56,20 +53,12 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 		"largest read-ahead window of a sequential reader near its data servers; it grows up to 8 times with their round trip, once per 5 ms (0: no read-ahead)")
 	fl.BoolVar(&s.localReads, "local-reads", true,
 		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
-	fl.BoolVar(&s.delegations, "create-delegations", true,
-		"take directories this mount makes many files in from the meta service and answer creates there locally, "+
-			"sending the files in batches within milliseconds (before an fsync, or the close of a written file, returns; embedded engine only); false: one meta call per create")
-	fl.DurationVar(&s.createSendDelay, "create-send-delay", 2*time.Millisecond,
-		"with --create-delegations, the longest a file made here waits to be sent when nobody waits for it (longer: more files per call)")
 	fl.IntVar(&s.openAround, "open-around", client.DefaultOpenAroundChunks,
 		fmt.Sprintf("with --local-reads, a reader that opens a chunk of a file of at most this many chunks where read-ahead did not lead it (a random reader) "+
 			"has the file's other chunks opened in place too, so no later read waits to open one (a descriptor each; 0: off; at most %d)", client.MaxOpenAroundChunks))
 	fl.BoolVar(&s.closeSync, "close-sync", false,
 		"close waits until the file's data is on the disks of every replica (fdatasync), as fsync does; "+
 			"default: close waits until every replica holds it in memory (it survives any process crash and, with replicas 2 or more, the loss of one machine; fsync makes it durable)")
-	fl.BoolVar(&s.closeInFlight, "close-in-flight", true,
-		"the close of a small file made under a delegation sends its data and its create at once; the meta service "+
-			"keeps a record until the data is confirmed and empties the file if its data never arrived; false: data, then create")
 }
 
 // sizes returns the parsed --write-buffer and --read-ahead (read-ahead -1:
@@ -103,9 +92,6 @@ func (s clientSettings) check() error {
 	if s.unavailableTimeout <= 0 {
 		return usagef("--unavailable-timeout must be positive, got %v", s.unavailableTimeout)
 	}
-	if s.createSendDelay <= 0 || s.createSendDelay > time.Minute {
-		return usagef("--create-send-delay must be between 1ns and 1m, got %v", s.createSendDelay)
-	}
 	if s.openAround < 0 || s.openAround > client.MaxOpenAroundChunks {
 		return usagef("--open-around must be between 0 (off) and %d chunks, got %d", client.MaxOpenAroundChunks, s.openAround)
 	}
@@ -120,9 +106,6 @@ func (s clientSettings) apply(cfg *client.Config) {
 	// check has validated the sizes.
 	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
 	cfg.NoLocalReads = !s.localReads
-	cfg.NoDelegations = !s.delegations
-	cfg.CreateSendDelay = s.createSendDelay
-	cfg.SerialCloses = !s.closeInFlight
 	cfg.OpenAroundChunks = s.openAround
 	cfg.CloseSync = s.closeSync
 	if s.openAround == 0 {

@@ -117,3 +117,25 @@ func KillSuid(mode uint32) uint32 {
 	}
 	return mode
 }
+
+// NewAttr returns the attributes of a new inode ino of mode (type and
+// permission bits) that c makes in directory parent at time now, with
+// Linux's setgid-directory rules: entries inherit the directory's group,
+// subdirectories also its setgid bit, and a caller outside the group
+// cannot make a group-executable setgid file there.
+func NewAttr(c Caller, parent *weftv1.Attr, mode uint32, ino uint64, now int64) *weftv1.Attr {
+	a := &weftv1.Attr{
+		Ino: ino, Mode: mode, Nlink: 1, Uid: c.Uid, Gid: c.Gid,
+		AtimeNs: now, MtimeNs: now, CtimeNs: now, Generation: 1,
+	}
+	if parent.Mode&syscall.S_ISGID != 0 {
+		a.Gid = parent.Gid
+		if IsDir(mode) {
+			a.Mode |= syscall.S_ISGID
+		}
+	}
+	if !IsDir(mode) && a.Mode&(syscall.S_ISGID|0o010) == syscall.S_ISGID|0o010 && !c.Root() && !c.InGroup(a.Gid) {
+		a.Mode &^= syscall.S_ISGID
+	}
+	return a
+}
