@@ -14,7 +14,7 @@ import (
 // record is put under.
 var schemaPrefixes = [][]byte{
 	prefixInode, prefixSymlink, prefixParent, prefixDentry, prefixXattr, prefixLayout,
-	prefixSession, prefixOpen, prefixSessOpn, prefixOrphan, prefixGC, prefixDead, prefixInFlt,
+	prefixSession, prefixOpen, prefixSessOpn, prefixOrphan, prefixGC, prefixDead,
 	[]byte("n/cnt/s/"), []byte("n/lk/"), []byte("n/lks/"), []byte("n/rq/"), keyNextIno,
 	keyCountFiles, keyCountDirs, keyLayoutGen,
 }
