@@ -9,10 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/weft-fs/weft/internal/fserr"
-	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -36,8 +33,7 @@ type chainTable struct {
 	refreshMu sync.Mutex // one GetChains at a time
 
 	connsMu sync.Mutex
-	conns   map[string]*grpc.ClientConn
-	wires   map[string]*wire.Client // lean data path, by wire address (wire.go)
+	wires   map[string]*wire.Client // data servers, by wire address (wire.go)
 
 	outMu   sync.Mutex
 	outages map[uint64]*outage // chains failing now
@@ -45,7 +41,7 @@ type chainTable struct {
 
 	// wrap, if set before the first data request, wraps every data
 	// server client (tests count requests with it).
-	wrap func(weftv1.DataClient) weftv1.DataClient
+	wrap func(dataServer) dataServer
 
 	statsMu sync.Mutex
 	stats   map[string]*serverStat // per data server address
@@ -54,7 +50,6 @@ type chainTable struct {
 func (t *chainTable) init(c *Client) {
 	t.c = c
 	t.chains = make(map[uint64]*weftv1.Chain)
-	t.conns = make(map[string]*grpc.ClientConn)
 	t.outages = make(map[uint64]*outage)
 	t.stats = make(map[string]*serverStat)
 }
@@ -110,12 +105,6 @@ func (t *chainTable) dropGone(tab *weftv1.ChainTable) {
 	}
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	for addr, cc := range t.conns {
-		if !live[addr] {
-			cc.Close()
-			delete(t.conns, addr)
-		}
-	}
 	for addr, w := range t.wires {
 		if !live[addr] {
 			w.Close()
@@ -174,34 +163,13 @@ func (t *chainTable) lookup(ctx context.Context, id uint64, what string) (*weftv
 		what, id, syscall.EIO)
 }
 
-// conn returns the connection to a data server, dialing it on first use.
-func (t *chainTable) conn(addr string) (weftv1.DataClient, error) {
-	t.connsMu.Lock()
-	defer t.connsMu.Unlock()
-	cc, ok := t.conns[addr]
-	if !ok {
-		var err error
-		cc, err = rpc.Dial(addr)
-		if err != nil {
-			return nil, err
-		}
-		t.conns[addr] = cc
-	}
-	dc := weftv1.NewDataClient(cc)
-	if t.wrap != nil {
-		dc = t.wrap(dc)
-	}
-	return dc, nil
-}
-
 func (t *chainTable) close() {
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	for addr, cc := range t.conns {
-		cc.Close()
-		delete(t.conns, addr)
+	for addr, w := range t.wires {
+		w.Close()
+		delete(t.wires, addr)
 	}
-	t.closeWiresLocked()
 }
 
 // dataError keeps the errnos a data server may mean for the application

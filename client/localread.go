@@ -222,8 +222,14 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 	}
 }
 
+// openAroundChunks is the most chunks a file may have for a reader that
+// opened one of them in place on demand (a random reader) to have all the
+// others opened in the background, so no later read waits for an open: a
+// 512 MiB file of 1 MiB chunks, a descriptor each.
+const openAroundChunks = 512
+
 // openAroundLocked opens in place, in the background, the other chunks
-// of a file of at most Config.OpenAroundChunks chunks that are not open yet,
+// of a file of at most openAroundChunks chunks that are not open yet,
 // those of one data server in one round: a reader that had to open a
 // chunk on demand (it reads somewhere read-ahead did not lead it, a
 // random reader) would otherwise wait for a round trip at the first read
@@ -237,7 +243,7 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
 	n := (size + cs - 1) / cs
-	if n > uint64(max(in.c.cfg.OpenAroundChunks, 0)) || len(in.local.chunks)+len(in.local.pending) >= int(n) {
+	if n > openAroundChunks || len(in.local.chunks)+len(in.local.pending) >= int(n) {
 		return
 	}
 	in.openRangeLocked(layout, 0, n, idx)

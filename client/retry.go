@@ -89,7 +89,7 @@ func isCode(err error, code codes.Code) bool {
 // request then fails with Unavailable and is retried on the new members.
 // Resending is safe: a write carries the same bytes for the same offset.
 func (c *Client) attempt(ctx context.Context, id, version uint64, m *weftv1.ChainMember,
-	fn func(ctx context.Context, dc weftv1.DataClient) error) error {
+	fn func(ctx context.Context, dc dataServer) error) error {
 	addr := m.Address
 	dc, err := c.chains.memberClient(m)
 	if err != nil {
@@ -113,7 +113,7 @@ func (c *Client) attempt(ctx context.Context, id, version uint64, m *weftv1.Chai
 // retried with backoff on a refreshed table until the cluster manager has
 // replaced it (see stalled for chains with no serving member).
 func (c *Client) onChain(ctx context.Context, id uint64, what string,
-	fn func(ctx context.Context, dc weftv1.DataClient, version uint64) error) error {
+	fn func(ctx context.Context, dc dataServer, version uint64) error) error {
 	backoff := firstBackoff
 	quick := true
 	for {
@@ -128,7 +128,7 @@ func (c *Client) onChain(ctx context.Context, id uint64, what string,
 			continue
 		} else {
 			addr = m.Address
-			err = c.attempt(ctx, id, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {
+			err = c.attempt(ctx, id, ch.Version, m, func(ctx context.Context, dc dataServer) error {
 				return fn(ctx, dc, ch.Version)
 			})
 			if err == nil {

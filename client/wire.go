@@ -2,52 +2,53 @@ package client
 
 import (
 	"context"
+	"fmt"
 
-	"google.golang.org/grpc/connectivity"
-
-	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// memberClient returns the client of chain member m's data server. Chunk
-// reads, writes and syncs go over the lean data path (package
-// internal/wire) when the member has a wire address, and over gRPC when
-// it has none (a data server of an older version, or with the lean data
-// path turned off); everything else goes over gRPC.
-func (t *chainTable) memberClient(m *weftv1.ChainMember) (weftv1.DataClient, error) {
+// dataServer is the client's one way to the chunks of a data server: the
+// lean protocol of package internal/wire (*wire.Client), over TCP or, to
+// a server on this host, its Unix socket. The only other way to chunk
+// bytes is reading them in place (localread.go), which starts from the
+// same *wire.Client. Errors are gRPC statuses (fserr errnos inside), as
+// the retry logic (retry.go) expects.
+type dataServer interface {
+	// WriteChunk writes req.Data at req.Offset of one chunk.
+	WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error)
+	// WritePieces writes pieces of one chunk (req.PieceOffsets and
+	// req.PieceLengths; their bytes are pieces, one after another).
+	WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error)
+	// ReadChunkInto reads into dst when the answer fits (else into a new
+	// buffer) and returns what the server sent: shorter than asked
+	// where the chunk ends.
+	ReadChunkInto(ctx context.Context, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error)
+	// SyncFile makes a file's chunks of a chain durable.
+	SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error)
+}
+
+var _ dataServer = (*wire.Client)(nil)
+
+// memberClient returns the client of chain member m's data server.
+func (t *chainTable) memberClient(m *weftv1.ChainMember) (dataServer, error) {
 	if m.WireAddress == "" {
-		return t.conn(m.Address)
+		return nil, fmt.Errorf("data server %s has no lean data path address", m.Address)
 	}
-	t.connsMu.Lock()
-	defer t.connsMu.Unlock()
-	cc, ok := t.conns[m.Address]
-	if !ok {
-		var err error
-		if cc, err = rpc.Dial(m.Address); err != nil {
-			return nil, err
-		}
-		t.conns[m.Address] = cc
-	}
-	w := t.wireClientLocked(m.WireAddress)
-	var dc weftv1.DataClient = wire.NewDataClient(weftv1.NewDataClient(cc), w)
+	var ds dataServer = t.wireClient(m.WireAddress)
 	if t.wrap != nil {
-		dc = t.wrap(dc)
+		ds = t.wrap(ds)
 	}
-	return dc, nil
+	return ds, nil
 }
 
 // connected reports whether the client holds a live connection to the
-// data server of member m (over the path memberClient takes).
+// data server of member m.
 func (t *chainTable) connected(m *weftv1.ChainMember) bool {
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	if m.WireAddress != "" {
-		w := t.wires[m.WireAddress]
-		return w != nil && w.Connected()
-	}
-	cc := t.conns[m.Address]
-	return cc != nil && cc.GetState() == connectivity.Ready
+	w := t.wires[m.WireAddress]
+	return w != nil && w.Connected()
 }
 
 // freshFor makes sure that a request about to dial member m of chain ch
@@ -70,11 +71,6 @@ func (t *chainTable) freshFor(ctx context.Context, ch *weftv1.Chain, m *weftv1.C
 func (t *chainTable) wireClient(addr string) *wire.Client {
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	return t.wireClientLocked(addr)
-}
-
-// wireClientLocked is wireClient with t.connsMu held.
-func (t *chainTable) wireClientLocked(addr string) *wire.Client {
 	if t.wires == nil {
 		t.wires = make(map[string]*wire.Client)
 	}
@@ -84,54 +80,4 @@ func (t *chainTable) wireClientLocked(addr string) *wire.Client {
 		t.wires[addr] = w
 	}
 	return w
-}
-
-// closeWiresLocked closes the lean data path clients. Called with
-// t.connsMu held.
-func (t *chainTable) closeWiresLocked() {
-	for addr, w := range t.wires {
-		w.Close()
-		delete(t.wires, addr)
-	}
-}
-
-// wireCalls is the number of requests sent over the lean data path.
-func (t *chainTable) wireCalls() uint64 {
-	t.connsMu.Lock()
-	defer t.connsMu.Unlock()
-	var n uint64
-	for _, w := range t.wires {
-		n += w.Calls()
-	}
-	return n
-}
-
-// readerInto is a data client that can receive a chunk read into the
-// caller's buffer (the lean data path).
-type readerInto interface {
-	ReadChunkInto(ctx context.Context, in *weftv1.ReadChunkRequest, dst []byte) ([]byte, error)
-}
-
-// sharedReader is a data client that reads into a buffer of its own
-// that it hands over (the lean data path: one of the shared arena, which
-// the server fills in place); give it back with wire.PutShared.
-type sharedReader interface {
-	ReadChunkShared(ctx context.Context, in *weftv1.ReadChunkRequest) ([]byte, error)
-}
-
-// readChunkData reads with dc, into dst when dc can and the answer fits.
-// Without dst the data is in a buffer the caller owns: give it back with
-// wire.PutShared (a no-op for one that is not the lean data path's).
-func readChunkData(ctx context.Context, dc weftv1.DataClient, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
-	if sr, ok := dc.(sharedReader); ok && dst == nil {
-		return sr.ReadChunkShared(ctx, req)
-	}
-	if ri, ok := dc.(readerInto); ok && dst != nil {
-		return ri.ReadChunkInto(ctx, req, dst)
-	}
-	resp, err := dc.ReadChunk(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return resp.Data, nil
 }

@@ -40,7 +40,7 @@ func (b *syncBuffer) String() string {
 }
 
 // deadAddr returns a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
+func deadAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +53,7 @@ func deadAddr(t *testing.T) string {
 type testServer struct {
 	srv    *Server
 	addr   string
+	wire   string // the lean data path address
 	client weftv1.DataClient
 	logs   *syncBuffer
 	done   chan error
@@ -62,7 +63,7 @@ type testServer struct {
 
 // startServer runs a real data server on 127.0.0.1:0 whose meta service is
 // unreachable, and a real client of it.
-func startServer(t *testing.T, cfg Config) *testServer {
+func startServer(t testing.TB, cfg Config) *testServer {
 	t.Helper()
 	logs := &syncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
@@ -89,10 +90,16 @@ func startServer(t *testing.T, cfg Config) *testServer {
 		ts.stop(t)
 	})
 	ts.client = weftv1.NewDataClient(cc)
+	for deadline := time.Now().Add(10 * time.Second); ts.srv.WireAddr() == ""; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server reports no lean data path address")
+		}
+	}
+	ts.wire = ts.srv.WireAddr()
 	return ts
 }
 
-func (ts *testServer) stop(t *testing.T) {
+func (ts *testServer) stop(t testing.TB) {
 	t.Helper()
 	ts.once.Do(func() {
 		ts.cancel()

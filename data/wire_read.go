@@ -39,12 +39,6 @@ func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest
 	return s.readChunk(req, wire.GetBuffer)
 }
 
-// ReadChunkAlloc is ReadChunk into a buffer of alloc: a client's shared
-// arena on the lean data path's Unix socket (see package internal/wire).
-func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
-	return s.readChunk(req, alloc)
-}
-
 // The client checks the checksums handed out with a chunk opened in
 // place in blocks of wire.BlockSize: the chunk store's block size.
 var (

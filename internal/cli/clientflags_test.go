@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"testing"
 	"time"
 
@@ -39,9 +38,9 @@ func TestClientSettingsSizes(t *testing.T) {
 }
 
 // --local-reads, --create-delegations, --close-in-flight,
-// --create-send-delay, --open-around and --close-sync reach the client's
-// configuration: on (2 ms, 512 chunks; close-sync off) by default, off
-// when given false (0); a bad delay or bound is refused.
+// --create-send-delay and --close-sync reach the client's configuration:
+// on (2 ms; close-sync off) by default, off when given false; a bad
+// delay is refused.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
 		args          []string
@@ -49,7 +48,6 @@ func TestClientSettingsSwitches(t *testing.T) {
 		noDelegations bool
 		serialCloses  bool
 		sendDelay     time.Duration
-		openAround    int // 0: the default
 		closeSync     bool
 		wantErr       bool
 	}{
@@ -61,10 +59,6 @@ func TestClientSettingsSwitches(t *testing.T) {
 		{args: []string{"--create-send-delay", "50ms"}, sendDelay: 50 * time.Millisecond},
 		{args: []string{"--create-send-delay", "0"}, wantErr: true},
 		{args: []string{"--create-send-delay", "2h"}, wantErr: true},
-		{args: []string{"--open-around", "64"}, sendDelay: 2 * time.Millisecond, openAround: 64},
-		{args: []string{"--open-around", "0"}, sendDelay: 2 * time.Millisecond, openAround: -1},
-		{args: []string{"--open-around", "-1"}, wantErr: true},
-		{args: []string{"--open-around", "5000"}, wantErr: true},
 		{args: []string{"--close-sync"}, sendDelay: 2 * time.Millisecond, closeSync: true},
 		{args: []string{"--close-sync=false"}, sendDelay: 2 * time.Millisecond},
 	} {
@@ -83,9 +77,6 @@ func TestClientSettingsSwitches(t *testing.T) {
 		}
 		var cfg client.Config
 		s.apply(&cfg)
-		if want := cmp.Or(tt.openAround, client.DefaultOpenAroundChunks); cfg.OpenAroundChunks != want {
-			t.Errorf("%v: OpenAroundChunks = %d, want %d", tt.args, cfg.OpenAroundChunks, want)
-		}
 		if cfg.CloseSync != tt.closeSync {
 			t.Errorf("%v: CloseSync = %v, want %v", tt.args, cfg.CloseSync, tt.closeSync)
 		}

@@ -38,7 +38,6 @@ type clientSettings struct {
 	delegations        bool          // --create-delegations
 	closeInFlight      bool          // --close-in-flight
 	createSendDelay    time.Duration // --create-send-delay
-	openAround         int           // --open-around; 0: off
 	closeSync          bool          // --close-sync
 }
 
@@ -61,9 +60,6 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 			"sending the files in batches within milliseconds (before an fsync, or the close of a written file, returns; embedded engine only); false: one meta call per create")
 	fl.DurationVar(&s.createSendDelay, "create-send-delay", 2*time.Millisecond,
 		"with --create-delegations, the longest a file made here waits to be sent when nobody waits for it (longer: more files per call)")
-	fl.IntVar(&s.openAround, "open-around", client.DefaultOpenAroundChunks,
-		fmt.Sprintf("with --local-reads, a reader that opens a chunk of a file of at most this many chunks where read-ahead did not lead it (a random reader) "+
-			"has the file's other chunks opened in place too, so no later read waits to open one (a descriptor each; 0: off; at most %d)", client.MaxOpenAroundChunks))
 	fl.BoolVar(&s.closeSync, "close-sync", false,
 		"close waits until the file's data is on the disks of every replica (fdatasync), as fsync does; "+
 			"default: close waits until every replica holds it in memory (it survives any process crash and, with replicas 2 or more, the loss of one machine; fsync makes it durable)")
@@ -106,9 +102,6 @@ func (s clientSettings) check() error {
 	if s.createSendDelay <= 0 || s.createSendDelay > time.Minute {
 		return usagef("--create-send-delay must be between 1ns and 1m, got %v", s.createSendDelay)
 	}
-	if s.openAround < 0 || s.openAround > client.MaxOpenAroundChunks {
-		return usagef("--open-around must be between 0 (off) and %d chunks, got %d", client.MaxOpenAroundChunks, s.openAround)
-	}
 	_, _, err := s.sizes()
 	return err
 }
@@ -123,11 +116,7 @@ func (s clientSettings) apply(cfg *client.Config) {
 	cfg.NoDelegations = !s.delegations
 	cfg.CreateSendDelay = s.createSendDelay
 	cfg.SerialCloses = !s.closeInFlight
-	cfg.OpenAroundChunks = s.openAround
 	cfg.CloseSync = s.closeSync
-	if s.openAround == 0 {
-		cfg.OpenAroundChunks = -1 // off
-	}
 }
 
 func newMountCmd() *cobra.Command {

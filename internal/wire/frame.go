@@ -16,7 +16,7 @@
 //	  payloadLen  u32  bytes of bulk data after the fields
 //	  id          u64  request id, chosen by the client; the answer has the same
 //	  timeoutMs   u32  requests: the caller's remaining deadline (0: none)
-//	  aux         u32  answers to opReadShm: bytes placed in the arena
+//	  aux         u32  answers to opOpenChunk and opLease: the lease in ms
 //	fields (metaLen bytes: fixed little-endian fields per op)
 //	payload (payloadLen bytes: the data written, or read)
 //
@@ -26,9 +26,8 @@
 // which cancels the server's context for it. Payloads are received
 // straight into the destination buffer (pooled on the server, the caller's
 // on the client) and sent with writev (net.Buffers), so bulk data is
-// never copied by the protocol. On a Unix socket the payload need not
-// cross the socket at all: see shm.go; and a client may read chunks
-// straight from the server's files: see localread.go.
+// never copied by the protocol. On a Unix socket a client may also read
+// chunks straight from the server's files: see localread.go.
 //
 // Errors travel as a gRPC status code, message and errno (the same as
 // package fserr puts into gRPC statuses), and the client returns them as
@@ -52,13 +51,11 @@ const (
 	opReadChunk  uint8 = 2
 	opSyncFile   uint8 = 3
 	opCancel     uint8 = 4
-	opAttach     uint8 = 5  // Unix socket: the client's arena comes with it (SCM_RIGHTS)
-	opWriteShm   uint8 = 6  // opWriteChunk whose data lies in the client's arena
-	opReadShm    uint8 = 7  // opReadChunk into the client's arena
-	opOpenChunk  uint8 = 8  // Unix socket: a chunk's file for reading in place (localread.go)
-	opLease      uint8 = 9  // Unix socket: a new lease for the chunks read in place
-	opMetaBatch  uint8 = 10 // a batch of meta service calls (BatchHandler)
-	opResponse   uint8 = 0x80
+	// Ops 5 to 7 are retired (a shared-memory arena on the Unix socket).
+	opOpenChunk uint8 = 8  // Unix socket: a chunk's file for reading in place (localread.go)
+	opLease     uint8 = 9  // Unix socket: a new lease for the chunks read in place
+	opMetaBatch uint8 = 10 // a batch of meta service calls (BatchHandler)
+	opResponse  uint8 = 0x80
 )
 
 const (
@@ -74,13 +71,10 @@ var preface = [8]byte{'w', 'e', 'f', 't', 'w', 'i', 'r', '1'}
 
 // Fixed sizes of the op fields.
 const (
-	writeMetaLen    = 64
-	readMetaLen     = 48
-	syncMetaLen     = 40
-	attachMetaLen   = 8                 // the arena's size
-	writeShmMetaLen = writeMetaLen + 16 // + arena offset and length of the data
-	readShmMetaLen  = readMetaLen + 16  // + arena offset and room of the destination
-	respMetaMin     = 12                // code, errno, flags; then the message
+	writeMetaLen = 64
+	readMetaLen  = 48
+	syncMetaLen  = 40
+	respMetaMin  = 12 // code, errno, flags; then the message
 )
 
 // Flags of requests and responses.
@@ -274,12 +268,6 @@ func metaLenOf(op uint8) int {
 		return syncMetaLen
 	case opCancel:
 		return 0
-	case opAttach:
-		return attachMetaLen
-	case opWriteShm:
-		return writeShmMetaLen
-	case opReadShm:
-		return readShmMetaLen
 	case opOpenChunk:
 		return readMetaLen
 	case opLease:
