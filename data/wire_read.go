@@ -39,15 +39,6 @@ func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest
 	return s.readChunk(req, wire.GetBuffer)
 }
 
-// The client checks the checksums handed out with a chunk opened in
-// place in blocks of wire.BlockSize: the chunk store's block size.
-var (
-	_ [chunk.BlockSize - wire.BlockSize]struct{}
-	_ [wire.BlockSize - chunk.BlockSize]struct{}
-	_ [chunk.SlotStride - wire.SlotStride]struct{}
-	_ [wire.SlotStride - chunk.SlotStride]struct{}
-)
-
 // OpenChunkRead opens a chunk for a client on this host to read in place
 // (see wire.LocalChunk), after the checks of a read: this server serves
 // the chain at the request's version. The request's range, if any, is
@@ -73,8 +64,7 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
-	return &wire.LocalChunk{File: o.File, DataOffset: o.DataOffset, Length: o.Length, Version: o.Version, Sums: o.Sums,
-		Slots: o.Slots, Lease: lease}, nil
+	return &wire.LocalChunk{Opened: o, Lease: lease}, nil
 }
 
 // ReadIns counts the cold ranges the server's targets read into the

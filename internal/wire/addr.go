@@ -11,7 +11,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
 )
 
 // Addr is the address of a data server's lean data path as the server
