@@ -13,8 +13,10 @@ import (
 
 // BenchmarkChunkProtocol compares the two network protocols a data server
 // speaks for chunk I/O, on loopback TCP: gRPC and the lean framing of
-// internal/wire, 1 MiB writes (a new chunk each, not synced) and 1 MiB
-// reads of one chunk. data/README.md ("Why one protocol") quotes it.
+// internal/wire, and the lean framing on the server's Unix socket (as a
+// client on the same host uses it): 1 MiB writes (64 chunks in turn, not
+// synced) and 1 MiB reads of one chunk. data/README.md ("Why one
+// protocol") quotes it.
 func BenchmarkChunkProtocol(b *testing.B) {
 	dir := b.TempDir()
 	ts := startServer(b, Config{Dir: dir, Targets: []string{filepath.Join(dir, "t1")}})
@@ -24,6 +26,8 @@ func BenchmarkChunkProtocol(b *testing.B) {
 	}})
 	w := wire.NewClient(ts.addr, 0) // the same port, TCP as gRPC
 	defer w.Close()
+	u := wire.NewClient(ts.wire, 0) // the Unix socket
+	defer u.Close()
 	type protocol struct {
 		name  string
 		write func(ctx context.Context, r *weftv1.WriteChunkRequest) error
@@ -39,15 +43,20 @@ func BenchmarkChunkProtocol(b *testing.B) {
 				resp, err := ts.client.ReadChunk(ctx, r)
 				return resp.GetData(), err
 			}},
-		{"lean",
+	}
+	for _, c := range []struct {
+		name string
+		w    *wire.Client
+	}{{"lean", w}, {"lean-unix", u}} {
+		protocols = append(protocols, protocol{c.name,
 			func(ctx context.Context, r *weftv1.WriteChunkRequest) error {
-				_, err := w.WriteChunk(ctx, r)
+				_, err := c.w.WriteChunk(ctx, r)
 				return err
 			},
 			func(ctx context.Context, r *weftv1.ReadChunkRequest) ([]byte, error) {
-				resp, err := w.ReadChunk(ctx, r)
+				resp, err := c.w.ReadChunk(ctx, r)
 				return resp.GetData(), err
-			}},
+			}})
 	}
 	const size = 1 << 20
 	data := bytes.Repeat([]byte{7}, size)
