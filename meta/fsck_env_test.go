@@ -53,7 +53,7 @@ func newFsckEnv(t *testing.T) *fsckEnv {
 	var stopped []chan struct{}
 	for i := range 2 {
 		dir := filepath.Join(t.TempDir(), fmt.Sprintf("data%d", i))
-		d, err := data.Open(data.Config{Dir: dir, MetaAddr: lis.Addr().String(), WireListen: "off", ScrubRate: -1, Logger: quietLogger()})
+		d, err := data.Open(data.Config{Dir: dir, MetaAddr: lis.Addr().String(), ScrubRate: -1, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
