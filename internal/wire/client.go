@@ -458,6 +458,10 @@ func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) 
 // that is the frame's payload.
 func (c *Client) WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
 	offs, lens := req.GetPieceOffsets(), req.GetPieceLengths()
+	if len(offs) != len(lens) || len(offs) > MaxPayload/12 {
+		return nil, notSent{status.Errorf(codes.InvalidArgument, "write of pieces of chunk %d of file %d: %d offsets, %d lengths",
+			req.GetChunk().GetIndex(), req.GetChunk().GetIno(), len(offs), len(lens))}
+	}
 	n := piecesTableLen(len(offs))
 	for _, p := range pieces {
 		n += len(p)

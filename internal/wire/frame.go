@@ -167,8 +167,8 @@ func putWrite(b []byte, r *weftv1.WriteChunkRequest) {
 }
 
 // getWrite decodes a write's fields b and data. A write of pieces whose
-// table does not fit its data keeps no pieces and an offset past any
-// chunk: the server refuses it.
+// table does not fit its data, or whose offset is not the pieces mark,
+// keeps no pieces and an offset past any chunk: the server refuses it.
 func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 	f := le.Uint32(b[60:])
 	r := &weftv1.WriteChunkRequest{
@@ -178,8 +178,11 @@ func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 		Sync: f&flagSync != 0, Forwarded: f&flagForwarded != 0, Data: data,
 	}
 	if f&flagPieces != 0 {
+		sent := r.Offset
 		r.Offset = weftv1.PiecesOffset
-		r.PieceOffsets, r.PieceLengths, r.Data = getPieces(data)
+		if sent == weftv1.PiecesOffset {
+			r.PieceOffsets, r.PieceLengths, r.Data = getPieces(data)
+		}
 	}
 	return r
 }

@@ -20,8 +20,8 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Handler serves the requests of the lean data path. The data server's
-// gRPC handlers are one: both paths run the same code.
+// Handler serves the requests of the lean data path: a data server's
+// chunk I/O, which no other protocol carries.
 type Handler interface {
 	WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error)
 	ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error)
