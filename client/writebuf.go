@@ -29,16 +29,19 @@ type chunkBuf struct {
 }
 
 // minRoomyExtent is the least write whose new extent takes room up to
-// the chunk's end: smaller ones (small files, scattered writes) take
-// room for themselves and grow by append.
-const minRoomyExtent = 64 << 10
+// the chunk's end (at most maxExtentRoom): smaller ones (small files,
+// scattered writes) take room for themselves and grow by append.
+const (
+	minRoomyExtent = 64 << 10
+	maxExtentRoom  = 4 << 20
+)
 
 // newExtent returns a pooled buffer (wire.GetBuffer) holding p for a new
 // extent at chunk offset off.
 func (b *chunkBuf) newExtent(off uint64, p []byte) []byte {
 	room := len(p)
 	if len(p) >= minRoomyExtent && b.chunkSize > off {
-		room = max(room, int(b.chunkSize-off))
+		room = max(room, int(min(b.chunkSize-off, maxExtentRoom)))
 	}
 	buf := wire.GetBuffer(room)[:len(p)]
 	copy(buf, p)
