@@ -441,9 +441,9 @@ func (cl *call) callError() error {
 	return fserr.FromStatus(st.Err())
 }
 
-// WriteChunk sends a chunk write; a write of pieces (req.PieceOffsets
-// and req.PieceLengths) has its table of pieces ahead of their bytes in
-// req.Data.
+// WriteChunk sends a chunk write. A write of pieces (req.PieceOffsets
+// and req.PieceLengths, their bytes one after another in req.Data) goes
+// as WritePieces sends it.
 func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
 	data := req.GetData()
 	if len(req.GetPieceOffsets()) > 0 {
