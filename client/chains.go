@@ -9,10 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/weft-fs/weft/internal/fserr"
-	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -36,8 +33,7 @@ type chainTable struct {
 	refreshMu sync.Mutex // one GetChains at a time
 
 	connsMu sync.Mutex
-	conns   map[string]*grpc.ClientConn
-	wires   map[string]*wire.Client // lean data path, by wire address (wire.go)
+	wires   map[string]*wire.Client // data servers, by wire address (dataServer)
 
 	outMu   sync.Mutex
 	outages map[uint64]*outage // chains failing now
@@ -45,7 +41,7 @@ type chainTable struct {
 
 	// wrap, if set before the first data request, wraps every data
 	// server client (tests count requests with it).
-	wrap func(weftv1.DataClient) weftv1.DataClient
+	wrap func(dataServer) dataServer
 
 	statsMu sync.Mutex
 	stats   map[string]*serverStat // per data server address
@@ -54,7 +50,6 @@ type chainTable struct {
 func (t *chainTable) init(c *Client) {
 	t.c = c
 	t.chains = make(map[uint64]*weftv1.Chain)
-	t.conns = make(map[string]*grpc.ClientConn)
 	t.outages = make(map[uint64]*outage)
 	t.stats = make(map[string]*serverStat)
 }
@@ -110,12 +105,6 @@ func (t *chainTable) dropGone(tab *weftv1.ChainTable) {
 	}
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	for addr, cc := range t.conns {
-		if !live[addr] {
-			cc.Close()
-			delete(t.conns, addr)
-		}
-	}
 	for addr, w := range t.wires {
 		if !live[addr] {
 			w.Close()
@@ -174,34 +163,13 @@ func (t *chainTable) lookup(ctx context.Context, id uint64, what string) (*weftv
 		what, id, syscall.EIO)
 }
 
-// conn returns the connection to a data server, dialing it on first use.
-func (t *chainTable) conn(addr string) (weftv1.DataClient, error) {
-	t.connsMu.Lock()
-	defer t.connsMu.Unlock()
-	cc, ok := t.conns[addr]
-	if !ok {
-		var err error
-		cc, err = rpc.Dial(addr)
-		if err != nil {
-			return nil, err
-		}
-		t.conns[addr] = cc
-	}
-	dc := weftv1.NewDataClient(cc)
-	if t.wrap != nil {
-		dc = t.wrap(dc)
-	}
-	return dc, nil
-}
-
 func (t *chainTable) close() {
 	t.connsMu.Lock()
 	defer t.connsMu.Unlock()
-	for addr, cc := range t.conns {
-		cc.Close()
-		delete(t.conns, addr)
+	for addr, w := range t.wires {
+		w.Close()
+		delete(t.wires, addr)
 	}
-	t.closeWiresLocked()
 }
 
 // dataError keeps the errnos a data server may mean for the application
@@ -219,4 +187,78 @@ func dataError(what, addr string, err error) error {
 		return err
 	}
 	return fmt.Errorf("%s on data server %s: %v: %w", what, addr, err, syscall.EIO)
+}
+
+// dataServer is the client's one way to the chunks of a data server: the
+// lean protocol of package internal/wire (*wire.Client), over TCP or, to
+// a server on this host, its Unix socket. The only other way to chunk
+// bytes is reading them in place (localread.go), which starts from the
+// same *wire.Client. Errors are gRPC statuses (fserr errnos inside), as
+// the retry logic (retry.go) expects.
+type dataServer interface {
+	// WriteChunk writes req.Data at req.Offset of one chunk.
+	WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error)
+	// WritePieces writes pieces of one chunk (req.PieceOffsets and
+	// req.PieceLengths; their bytes are pieces, one after another).
+	WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error)
+	// ReadChunkInto reads into dst when the answer fits (else into a new
+	// buffer) and returns what the server sent: shorter than asked
+	// where the chunk ends.
+	ReadChunkInto(ctx context.Context, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error)
+	// SyncFile makes a file's chunks of a chain durable.
+	SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error)
+}
+
+var _ dataServer = (*wire.Client)(nil)
+
+// memberClient returns the client of chain member m's data server.
+func (t *chainTable) memberClient(m *weftv1.ChainMember) (dataServer, error) {
+	if m.WireAddress == "" {
+		return nil, fmt.Errorf("data server %s has no lean data path address", m.Address)
+	}
+	var ds dataServer = t.wireClient(m.WireAddress)
+	if t.wrap != nil {
+		ds = t.wrap(ds)
+	}
+	return ds, nil
+}
+
+// connected reports whether the client holds a live connection to the
+// data server of member m.
+func (t *chainTable) connected(m *weftv1.ChainMember) bool {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	w := t.wires[m.WireAddress]
+	return w != nil && w.Connected()
+}
+
+// freshFor makes sure that a request about to dial member m of chain ch
+// (no live connection to its server: never used, or its connections
+// broke, as when the server stopped) goes by a table fetched after that:
+// the server may be back as a new incarnation elsewhere, and its old
+// address may now be anything. It refreshes the table unless that
+// happened very recently, and reports whether chain ch changed (the
+// caller looks it up again).
+func (t *chainTable) freshFor(ctx context.Context, ch *weftv1.Chain, m *weftv1.ChainMember) bool {
+	if t.connected(m) {
+		return false
+	}
+	t.refreshSoon(ctx)
+	nch := t.get(ch.Id)
+	return nch != nil && nch.Version != ch.Version
+}
+
+// wireClient returns the lean data path client of a wire address.
+func (t *chainTable) wireClient(addr string) *wire.Client {
+	t.connsMu.Lock()
+	defer t.connsMu.Unlock()
+	if t.wires == nil {
+		t.wires = make(map[string]*wire.Client)
+	}
+	w := t.wires[addr]
+	if w == nil {
+		w = wire.NewClient(addr, 0)
+		t.wires[addr] = w
+	}
+	return w
 }

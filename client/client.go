@@ -27,14 +27,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultWriteBufferBytes = 64 << 20
-	DefaultReadAheadBytes   = 8 << 20
-	// DefaultOpenAroundChunks is Config.OpenAroundChunks' default: a
-	// 512 MiB file with 1 MiB chunks.
-	DefaultOpenAroundChunks = 512
-	// MaxOpenAroundChunks bounds Config.OpenAroundChunks: the chunks an
-	// inode keeps open in place.
-	MaxOpenAroundChunks       = maxLocalChunks
+	DefaultWriteBufferBytes   = 64 << 20
+	DefaultReadAheadBytes     = 8 << 20
 	DefaultUnavailableTimeout = 30 * time.Second
 	// OnUnavailableWait and OnUnavailableFail are the values of
 	// Config.OnUnavailable.
@@ -97,12 +91,6 @@ type Config struct {
 	// localread.go). WEFT_LOCAL_READS=off in the environment does the
 	// same.
 	NoLocalReads bool
-	// OpenAroundChunks is the most chunks a file may have for a reader
-	// that opened one of them in place on demand (a random reader) to
-	// have all the others opened in the background, so no later read
-	// waits for an open (see openAroundLocked). Default
-	// DefaultOpenAroundChunks; negative turns it off.
-	OpenAroundChunks int
 	// OnInvalidate, if set, subscribes the client to the meta service's
 	// callbacks (see WatchCallbacks) and receives them.
 	OnInvalidate func(*weftv1.Invalidation)
@@ -209,10 +197,6 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.ReadAheadBytes == 0 {
 		cfg.ReadAheadBytes = DefaultReadAheadBytes
 	}
-	if cfg.OpenAroundChunks == 0 {
-		cfg.OpenAroundChunks = DefaultOpenAroundChunks
-	}
-	cfg.OpenAroundChunks = min(cfg.OpenAroundChunks, MaxOpenAroundChunks)
 	if cfg.UnavailableTimeout <= 0 {
 		cfg.UnavailableTimeout = DefaultUnavailableTimeout
 	}

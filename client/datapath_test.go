@@ -11,12 +11,11 @@ import (
 	"time"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
-	"google.golang.org/grpc"
 )
 
 // countingData counts the requests a client sends to the data servers.
 type countingData struct {
-	weftv1.DataClient
+	dataServer
 	c *dataCounts
 }
 
@@ -27,39 +26,34 @@ type dataCounts struct {
 	readBytes  atomic.Int64 // bytes answered by ReadChunk
 }
 
-func (d countingData) WriteChunk(ctx context.Context, in *weftv1.WriteChunkRequest, opts ...grpc.CallOption) (*weftv1.WriteChunkResponse, error) {
+func (d countingData) countWrite(in *weftv1.WriteChunkRequest) {
 	d.c.writes.Add(1)
 	if in.GetSync() {
 		d.c.syncWrites.Add(1)
 	}
-	return d.DataClient.WriteChunk(ctx, in, opts...)
 }
 
-// WritePieces counts a write of pieces and passes it on as it came: to a
-// data client that sends pieces from their own buffers, else gathered.
+func (d countingData) WriteChunk(ctx context.Context, in *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
+	d.countWrite(in)
+	return d.dataServer.WriteChunk(ctx, in)
+}
+
 func (d countingData) WritePieces(ctx context.Context, in *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
-	d.c.writes.Add(1)
-	if in.GetSync() {
-		d.c.syncWrites.Add(1)
-	}
-	if pw, ok := d.DataClient.(piecesWriter); ok {
-		return pw.WritePieces(ctx, in, pieces)
-	}
-	in.Data = gather(pieces)
-	return d.DataClient.WriteChunk(ctx, in)
+	d.countWrite(in)
+	return d.dataServer.WritePieces(ctx, in, pieces)
 }
 
-func (d countingData) SyncFile(ctx context.Context, in *weftv1.SyncFileRequest, opts ...grpc.CallOption) (*weftv1.SyncFileResponse, error) {
+func (d countingData) SyncFile(ctx context.Context, in *weftv1.SyncFileRequest) (*weftv1.SyncFileResponse, error) {
 	d.c.syncFiles.Add(1)
-	return d.DataClient.SyncFile(ctx, in, opts...)
+	return d.dataServer.SyncFile(ctx, in)
 }
 
-func (d countingData) ReadChunk(ctx context.Context, in *weftv1.ReadChunkRequest, opts ...grpc.CallOption) (*weftv1.ReadChunkResponse, error) {
-	resp, err := d.DataClient.ReadChunk(ctx, in, opts...)
+func (d countingData) ReadChunkInto(ctx context.Context, in *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
+	data, err := d.dataServer.ReadChunkInto(ctx, in, dst)
 	if err == nil {
-		d.c.readBytes.Add(int64(len(resp.GetData())))
+		d.c.readBytes.Add(int64(len(data)))
 	}
-	return resp, err
+	return data, err
 }
 
 // countingClient is a test client whose data server requests are counted.
@@ -68,7 +62,7 @@ func countingClient(t *testing.T, tc *testCluster, cfg Config) (*Client, *dataCo
 	c := newTestClient(t, tc.metaAddr, cfg)
 	counts := &dataCounts{}
 	c.chains.connsMu.Lock()
-	c.chains.wrap = func(dc weftv1.DataClient) weftv1.DataClient { return countingData{dc, counts} }
+	c.chains.wrap = func(dc dataServer) dataServer { return countingData{dc, counts} }
 	c.chains.connsMu.Unlock()
 	return c, counts
 }

@@ -134,7 +134,7 @@ func (c *Client) syncFileChains(ctx context.Context, ino uint64, chains []uint64
 	for i, ch := range chains {
 		wg.Go(func() {
 			errs[i] = c.onChain(ctx, ch, fmt.Sprintf("sync file %d", ino),
-				func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+				func(ctx context.Context, dc dataServer, version uint64) error {
 					_, err := dc.SyncFile(ctx, &weftv1.SyncFileRequest{Ino: ino, ChainId: ch, ChainVersion: version})
 					return err
 				})

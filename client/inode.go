@@ -108,7 +108,7 @@ func (in *inode) send(op *sendOp, layout *weftv1.Layout, idx uint64, buf *chunkB
 	// stored: those of the request that failed and of the ones after it.
 	var small, large, failed []extent
 	for _, e := range buf.extents {
-		if len(e.data) < minArenaExtent && len(buf.extents) > 1 {
+		if len(e.data) < minRoomyExtent && len(buf.extents) > 1 {
 			small = append(small, e)
 		} else {
 			large = append(large, e)
@@ -300,13 +300,12 @@ func (in *inode) readView(ctx context.Context, p []byte, off uint64) ([]byte, fu
 			return v, release, nil
 		}
 		if s.n >= minViewRead {
-			// Read into a buffer of the lean data path (filled in place
-			// by a data server on this host) and answer from it.
+			// Read into a pooled buffer and answer from it.
 			buf, err := in.c.readChunkOwned(ctx, in.ino, layout, s.index, s.off, int(s.n))
 			if err != nil {
 				return nil, nil, err
 			}
-			return buf, func() { wire.PutShared(buf) }, nil
+			return buf, func() { wire.PutBuffer(buf) }, nil
 		}
 	}
 	return p[:n], nil, in.readOverlaid(ctx, layout, sp, ov, p)
@@ -449,55 +448,21 @@ func (c *Client) sendChunkWrite(ctx context.Context, ino uint64, l *weftv1.Layou
 	return c.sendChunkWritePieces(ctx, ino, l, idx, what, req, nil)
 }
 
-// piecesWriter is a data client that sends a write of pieces from the
-// pieces' own buffers (wire.DataClient).
-type piecesWriter interface {
-	WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error)
-}
-
 // sendChunkWritePieces is sendChunkWrite of a write of pieces whose bytes
-// are pieces (req.Data unset) when pieces is not nil. A data server
-// reached over the lean data path gets them copied straight into the
-// shared arena; for one reached over gRPC they are gathered into one
-// buffer first.
+// are pieces (req.Data unset) when pieces is not nil.
 func (c *Client) sendChunkWritePieces(ctx context.Context, ino uint64, l *weftv1.Layout, idx uint64, what string, req *weftv1.WriteChunkRequest, pieces [][]byte) error {
 	chain := chainFor(l, idx)
 	req.Chunk, req.ChainId, req.ChunkSize = &weftv1.ChunkID{Ino: ino, Index: idx}, chain, l.ChunkSize
-	var gathered []byte
-	defer func() {
-		if gathered != nil {
-			wire.PutBuffer(gathered) // every call copied or sent it before returning
-		}
-	}()
-	return c.onChain(ctx, chain, what, func(ctx context.Context, dc weftv1.DataClient, version uint64) error {
+	return c.onChain(ctx, chain, what, func(ctx context.Context, dc dataServer, version uint64) error {
 		req.ChainVersion = version // attempts run one after another
+		var err error
 		if pieces != nil {
-			if pw, ok := dc.(piecesWriter); ok {
-				req.Data = nil
-				_, err := pw.WritePieces(ctx, req, pieces)
-				return err
-			}
-			if gathered == nil {
-				gathered = gather(pieces)
-			}
-			req.Data = gathered
+			_, err = dc.WritePieces(ctx, req, pieces)
+		} else {
+			_, err = dc.WriteChunk(ctx, req)
 		}
-		_, err := dc.WriteChunk(ctx, req)
 		return err
 	})
-}
-
-// gather copies pieces one after another into a buffer of the wire pool.
-func gather(pieces [][]byte) []byte {
-	n := 0
-	for _, p := range pieces {
-		n += len(p)
-	}
-	b := wire.GetBuffer(n)[:0]
-	for _, p := range pieces {
-		b = append(b, p...)
-	}
-	return b
 }
 
 // maxPiecesPerWrite bounds the pieces of one chunk write.

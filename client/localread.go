@@ -3,9 +3,7 @@ package client
 import (
 	"cmp"
 	"context"
-	"hash/crc32"
 	"math"
-	"os"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/pagecache"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -72,13 +71,11 @@ type localChunk struct {
 	// chunk was opened.
 	fileSize uint64
 	c        *Client
-	file     *os.File // the chunk's file, read-only; nil for a missing chunk
-	dataOff  int64    // where the chunk's bytes start in file
-	length   int64
-	sums     []uint32
-	slots    []uint8      // each block's slot in file (nil: all in slot 0)
-	refs     atomic.Int32 // the inode's list and each reader
-	used     uint64       // localState.tick at its last read
+	// Opened is the chunk's file (read-only; nil for a missing chunk)
+	// and what the format says of where its blocks are.
+	chunk.Opened
+	refs atomic.Int32 // the inode's list and each reader
+	used uint64       // localState.tick at its last read
 	// advised is how far into the chunk the kernel was asked to read
 	// the file into its cache (prefetchLocked).
 	advised int64
@@ -89,9 +86,9 @@ type localChunk struct {
 
 // release drops a reference, closing the file with the last.
 func (lc *localChunk) release() {
-	if lc.refs.Add(-1) == 0 && lc.file != nil {
-		lc.file.Close()
-		lc.file = nil
+	if lc.refs.Add(-1) == 0 && lc.File != nil {
+		lc.File.Close()
+		lc.File = nil
 		lc.c.localOpen.Add(-1)
 	}
 }
@@ -222,8 +219,14 @@ func (in *inode) openRangeLocked(layout *weftv1.Layout, first, last, skip uint64
 	}
 }
 
+// openAroundChunks is the most chunks a file may have for a reader that
+// opened one of them in place on demand (a random reader) to have all the
+// others opened in the background, so no later read waits for an open: a
+// 512 MiB file of 1 MiB chunks, a descriptor each.
+const openAroundChunks = 512
+
 // openAroundLocked opens in place, in the background, the other chunks
-// of a file of at most Config.OpenAroundChunks chunks that are not open yet,
+// of a file of at most openAroundChunks chunks that are not open yet,
 // those of one data server in one round: a reader that had to open a
 // chunk on demand (it reads somewhere read-ahead did not lead it, a
 // random reader) would otherwise wait for a round trip at the first read
@@ -237,57 +240,10 @@ func (in *inode) openAroundLocked(layout *weftv1.Layout, idx uint64) {
 	cs := uint64(layout.ChunkSize)
 	size := in.sizeLocked()
 	n := (size + cs - 1) / cs
-	if n > uint64(max(in.c.cfg.OpenAroundChunks, 0)) || len(in.local.chunks)+len(in.local.pending) >= int(n) {
+	if n > openAroundChunks || len(in.local.chunks)+len(in.local.pending) >= int(n) {
 		return
 	}
 	in.openRangeLocked(layout, 0, n, idx)
-}
-
-// prefetchLocked has the bytes [from, to) of the file read into the
-// page cache from the chunk files open in place (localChunk.prefetch),
-// as read-ahead would fetch them from a remote server: on a disk the
-// reader then finds them in memory; chunk files on a tmpfs are skipped. [from, to) is
-// the sequential reader's read-ahead window, so what is prefetched grows
-// with the stream and a reader that skips part of each record does not
-// make the disks read what it skips. Chunks still opening are prefetched
-// when their open completes. Called with in.mu held.
-func (in *inode) prefetchLocked(layout *weftv1.Layout, from, to uint64) {
-	in.local.adviseTo = to
-	cs := uint64(layout.ChunkSize)
-	var todo []prefetch
-	for idx := from / cs; idx*cs < to; idx++ {
-		lc := in.local.chunks[idx]
-		if lc == nil || lc.file == nil || lc.inMemory {
-			continue
-		}
-		lo := max(int64(max(from, idx*cs)-idx*cs), lc.advised)
-		hi := min(int64(min(to, (idx+1)*cs)-idx*cs), lc.length)
-		if lo >= hi {
-			continue
-		}
-		lc.advised = hi
-		lc.refs.Add(1)
-		todo = append(todo, prefetch{lc, lo, hi})
-	}
-	runPrefetches(todo) // in the background: they wait for the disk
-}
-
-// prefetch is a range of a chunk to read into the page cache.
-type prefetch struct {
-	lc     *localChunk
-	lo, hi int64
-}
-
-// runPrefetches reads each range into the page cache, each in its own
-// goroutine (a read waits for the disk: several are in flight at once),
-// and drops the references prefetchLocked took.
-func runPrefetches(todo []prefetch) {
-	for _, p := range todo {
-		go func() {
-			defer p.lc.release()
-			p.lc.prefetch(p.lo, p.hi)
-		}()
-	}
 }
 
 // avoidedLocked reports whether chunk idx is read through the server for
@@ -468,19 +424,19 @@ func (in *inode) finishLocalOpen(op *localOpening, opened *wire.LocalChunk, err 
 		return
 	}
 	lc := &localChunk{idx: idx, chain: op.chain, version: op.ch.Version, w: op.w, c: c, fileSize: op.fileSize,
-		file: opened.File, dataOff: opened.DataOffset, length: opened.Length, sums: opened.Sums, slots: opened.Slots}
-	if lc.file != nil {
+		Opened: opened.Opened}
+	if lc.File != nil {
 		c.localOpen.Add(1)
-		lc.inMemory = pagecache.InMemory(lc.file)
+		lc.inMemory = pagecache.InMemory(lc.File)
 	}
 	lc.refs.Store(1) // the list's
 	if !current {
 		lc.release() // dropped meanwhile (a write, a truncate): may be older than what readers must see
 		return
 	}
-	if start := idx * uint64(op.layout.ChunkSize); op.ahead && lc.file != nil && !lc.inMemory && in.local.adviseTo > start {
+	if start := idx * uint64(op.layout.ChunkSize); op.ahead && lc.File != nil && !lc.inMemory && in.local.adviseTo > start {
 		// The reader's window already reaches into it.
-		if hi := min(int64(in.local.adviseTo-start), lc.length); hi > 0 {
+		if hi := min(int64(in.local.adviseTo-start), lc.Length); hi > 0 {
 			lc.advised = hi
 			lc.refs.Add(1)
 			runPrefetches([]prefetch{{lc, 0, hi}})
@@ -589,30 +545,16 @@ func (in *inode) localRead(ctx context.Context, layout *weftv1.Layout, s span, p
 	return nil, nil, false
 }
 
-// slot returns the slot of block b in the chunk's file.
-func (lc *localChunk) slot(b int64) uint8 {
-	if lc.slots == nil || b >= int64(len(lc.slots)) {
-		return 0
-	}
-	return lc.slots[b]
-}
-
-// fileOff returns where block b starts in the chunk's file.
-func (lc *localChunk) fileOff(b int64) int64 {
-	return lc.dataOff + int64(lc.slot(b))*wire.SlotStride + b*wire.BlockSize
-}
-
 // read reads span s of the chunk, verified; ok is false when the bytes
 // do not match their checksums (or the file is shorter than it was).
 func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bool) {
-	end := min(int64(s.off+s.n), lc.length)
+	end := min(int64(s.off+s.n), lc.Length)
 	if int64(s.off) >= end {
 		clear(p[:s.n])
 		return p[:s.n], nil, true
 	}
-	first := int64(s.off) / wire.BlockSize
-	from := first * wire.BlockSize
-	to := min((end+wire.BlockSize-1)/wire.BlockSize*wire.BlockSize, lc.length)
+	from := int64(s.off) / chunk.BlockSize * chunk.BlockSize
+	to := min((end+chunk.BlockSize-1)/chunk.BlockSize*chunk.BlockSize, lc.Length)
 	var buf []byte
 	if from == int64(s.off) && to == end && int64(len(p)) >= to-from {
 		buf = p[:to-from]
@@ -620,37 +562,13 @@ func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bo
 		buf = wire.GetBuffer(int(to - from))
 		release = func() { wire.PutBuffer(buf) }
 	}
-	fail := func() ([]byte, func(), bool) {
+	if !lc.ReadVerified(buf, from) {
+		// Cut short under us, or damaged: the server path says what is
+		// there.
 		if release != nil {
 			release()
 		}
 		return nil, nil, false
-	}
-	// A segment at a time, so the checksums read what pread has just
-	// brought into this core's cache (a whole MiB read first was checked
-	// from memory).
-	for so := int64(0); so < int64(len(buf)); so += readSegment {
-		se := min(so+readSegment, int64(len(buf)))
-		for ro := so; ro < se; {
-			// A run of blocks in one slot, read at once.
-			b := first + ro/wire.BlockSize
-			re := ro + wire.BlockSize - ro%wire.BlockSize
-			for re < se && lc.slot(first+re/wire.BlockSize) == lc.slot(b) {
-				re += wire.BlockSize
-			}
-			re = min(re, se)
-			if n, _ := lc.file.ReadAt(buf[ro:re], lc.fileOff(b)+ro%wire.BlockSize); int64(n) < re-ro {
-				return fail() // cut short under us: the server path says what is there
-			}
-			ro = re
-		}
-		for lo := so; lo < se; lo += wire.BlockSize {
-			b := first + lo/wire.BlockSize
-			block := buf[lo:min(lo+wire.BlockSize, se)]
-			if b >= int64(len(lc.sums)) || crc32.Checksum(block, castagnoli) != lc.sums[b] {
-				return fail()
-			}
-		}
 	}
 	data = buf[int64(s.off)-from : end-from]
 	if end == int64(s.off+s.n) {
@@ -664,9 +582,3 @@ func (lc *localChunk) read(s span, p []byte) (data []byte, release func(), ok bo
 	}
 	return p[:s.n], nil, true
 }
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// readSegment is how much a read in place preads before checking it: a
-// multiple of the block size that stays in a core's level-2 cache.
-const readSegment = 4 * wire.BlockSize

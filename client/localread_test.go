@@ -300,12 +300,12 @@ func TestReadInPlaceUnderBufferedWrites(t *testing.T) {
 // of them wait for no further round trip; and that a file of more chunks
 // than the bound is not opened whole.
 func TestReadInPlaceOpensAround(t *testing.T) {
-	const chunk = 1 << 20
+	const chunk = 64 << 10 // the least chunk size: a file at the bound is 32 MiB
 	layout := &weftv1.Layout{ChunkSize: chunk, StripeCount: 2, Replicas: 1}
 	tc := startCluster(t, layout, 2)
 	ctx := context.Background()
-	const bound = 24
-	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1, OpenAroundChunks: bound})
+	const bound = openAroundChunks
+	c := newTestClient(t, tc.metaAddr, Config{ReadAheadBytes: -1})
 	rounds := func() uint64 { return openRounds(c) }
 	rnd := rand.New(rand.NewPCG(21, 22))
 	for _, tt := range []struct {

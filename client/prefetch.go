@@ -7,7 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weft-fs/weft/internal/pagecache"
-	"github.com/weft-fs/weft/internal/wire"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // Prefetching a chunk file read in place.
@@ -17,6 +17,53 @@ import (
 // (pagecache.Populate: POSIX_FADV_WILLNEED, the obvious way, reads single
 // pages, which the disk here serves at a third of the speed); anything
 // that fails falls back to the hint.
+
+// prefetchLocked has the bytes [from, to) of the file read into the
+// page cache from the chunk files open in place (localChunk.prefetch),
+// as read-ahead would fetch them from a remote server: on a disk the
+// reader then finds them in memory; chunk files on a tmpfs are skipped. [from, to) is
+// the sequential reader's read-ahead window, so what is prefetched grows
+// with the stream and a reader that skips part of each record does not
+// make the disks read what it skips. Chunks still opening are prefetched
+// when their open completes. Called with in.mu held.
+func (in *inode) prefetchLocked(layout *weftv1.Layout, from, to uint64) {
+	in.local.adviseTo = to
+	cs := uint64(layout.ChunkSize)
+	var todo []prefetch
+	for idx := from / cs; idx*cs < to; idx++ {
+		lc := in.local.chunks[idx]
+		if lc == nil || lc.File == nil || lc.inMemory {
+			continue
+		}
+		lo := max(int64(max(from, idx*cs)-idx*cs), lc.advised)
+		hi := min(int64(min(to, (idx+1)*cs)-idx*cs), lc.Length)
+		if lo >= hi {
+			continue
+		}
+		lc.advised = hi
+		lc.refs.Add(1)
+		todo = append(todo, prefetch{lc, lo, hi})
+	}
+	runPrefetches(todo) // in the background: they wait for the disk
+}
+
+// prefetch is a range of a chunk to read into the page cache.
+type prefetch struct {
+	lc     *localChunk
+	lo, hi int64
+}
+
+// runPrefetches reads each range into the page cache, each in its own
+// goroutine (a read waits for the disk: several are in flight at once),
+// and drops the references prefetchLocked took.
+func runPrefetches(todo []prefetch) {
+	for _, p := range todo {
+		go func() {
+			defer p.lc.release()
+			p.lc.prefetch(p.lo, p.hi)
+		}()
+	}
+}
 
 // populateOff is set once MADV_POPULATE_READ turned out to be
 // unsupported: prefetches give the hint from then on.
@@ -36,26 +83,13 @@ func (lc *localChunk) prefetch(lo, hi int64) {
 	if lo >= hi {
 		return
 	}
-	if lc.slots != nil {
-		// Blocks in several places of the file: a run at a time.
-		for b := lo / wire.BlockSize; b*wire.BlockSize < hi; {
-			e := b + 1
-			for e*wire.BlockSize < hi && lc.slot(e) == lc.slot(b) {
-				e++
-			}
-			rlo, rhi := max(lo, b*wire.BlockSize), min(hi, e*wire.BlockSize)
-			lc.prefetchFile(lc.fileOff(b)+rlo-b*wire.BlockSize, lc.fileOff(b)+rhi-b*wire.BlockSize)
-			b = e
-		}
-		return
-	}
-	lc.prefetchFile(lc.dataOff+lo, lc.dataOff+hi)
+	lc.FileRanges(lo, hi, lc.prefetchFile)
 }
 
 // prefetchFile reads bytes [lo, hi) of the chunk's file into the page
 // cache, waiting for the disk.
 func (lc *localChunk) prefetchFile(lo, hi int64) {
-	fd := int(lc.file.Fd())
+	fd := int(lc.File.Fd())
 	if !populateOff.Load() && tryAcquire(populating) {
 		err := pagecache.Populate(fd, lo, hi)
 		<-populating

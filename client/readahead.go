@@ -109,8 +109,8 @@ func (in *inode) streamLocked(off, n uint64) *raStream {
 }
 
 // raWindow is one fetched (or being fetched) piece of a chunk. Its
-// buffer comes from the lean data path (its shared arena, filled in place
-// by a data server on this host, or its pool) and goes back there when the last reference is dropped: the
+// buffer comes from the pool of package wire and goes back there when
+// the last reference is dropped: the
 // inode's list of windows holds one, the fetch one until it is done, and
 // every reader copying out of it one.
 type raWindow struct {
@@ -133,7 +133,7 @@ func (w *raWindow) release() {
 	}
 	w.held.Add(-int64(w.n))
 	if w.buf != nil {
-		wire.PutShared(w.buf)
+		wire.PutBuffer(w.buf)
 		w.buf, w.data = nil, nil
 	}
 }

@@ -250,29 +250,21 @@ func (c *Client) readChunk(ctx context.Context, ino uint64, l *weftv1.Layout, id
 	})
 }
 
-// readChunkOwned reads n bytes of chunk idx at offset off into a buffer
-// of the lean data path's (see wire.GetShared) that it returns, zeros past
-// what the server has; give it back with wire.PutShared.
+// readChunkOwned reads n bytes of chunk idx at offset off into a pooled
+// buffer (wire.GetBuffer) that it returns, zeros past what the server
+// has; give it back with wire.PutBuffer.
 func (c *Client) readChunkOwned(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int) ([]byte, error) {
-	var buf []byte
-	err := c.readChunkTo(ctx, ino, l, idx, off, n, nil, func(data []byte) {
-		if cap(data) >= n {
-			buf = data[:n]
-			clear(buf[len(data):])
-			return
-		}
-		buf = wire.GetShared(n)
-		clear(buf[copy(buf, data):])
-		wire.PutShared(data)
-	})
-	return buf, err
+	buf := wire.GetBuffer(n)
+	if err := c.readChunk(ctx, ino, l, idx, off, buf); err != nil {
+		wire.PutBuffer(buf)
+		return nil, err
+	}
+	return buf, nil
 }
 
 // readChunkTo reads n bytes of chunk idx at offset off and hands what the
-// server sent (perhaps shorter: the rest reads as zeros) to sink, which
-// may keep it. With dst (n bytes) the data may be received into dst;
-// without, sink owns the data's buffer (give it back with
-// wire.PutShared).
+// server sent (perhaps shorter: the rest reads as zeros) to sink. With
+// dst (n bytes) the data may be received into dst.
 func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, idx, off uint64, n int,
 	dst []byte, sink func([]byte)) error {
 	chain := chainFor(l, idx)
@@ -310,8 +302,8 @@ func (c *Client) readChunkTo(ctx context.Context, ino uint64, l *weftv1.Layout, 
 		st := c.chains.stat(addr)
 		st.outstanding.Add(1)
 		start := time.Now()
-		err = c.attempt(ctx, chain, ch.Version, m, func(ctx context.Context, dc weftv1.DataClient) error {
-			data, err := readChunkData(ctx, dc, &weftv1.ReadChunkRequest{
+		err = c.attempt(ctx, chain, ch.Version, m, func(ctx context.Context, dc dataServer) error {
+			data, err := dc.ReadChunkInto(ctx, &weftv1.ReadChunkRequest{
 				Chunk: &weftv1.ChunkID{Ino: ino, Index: idx}, ChainId: chain, ChainVersion: ch.Version,
 				Offset: off, Length: uint32(n),
 			}, dst)

@@ -3,10 +3,10 @@ package client
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -14,7 +14,7 @@ import (
 
 // TestChunkIOOverUnixSocket checks that data servers on the client's host
 // report a Unix socket with their lean data path address and that the
-// client's chunk I/O goes through it, its data through the shared arena.
+// client's chunk I/O goes through it.
 func TestChunkIOOverUnixSocket(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 2}
 	tc := startCluster(t, layout, 2)
@@ -31,9 +31,6 @@ func TestChunkIOOverUnixSocket(t *testing.T) {
 		}
 		if w.Calls() > 0 && w.UnixConns() == 0 {
 			t.Errorf("%d requests to %s, none through its Unix socket", w.Calls(), addr)
-		}
-		if w.Calls() > 0 && w.ShmCalls() == 0 {
-			t.Errorf("%d requests to %s, none with its data in the shared arena", w.Calls(), addr)
 		}
 	}
 }
@@ -111,49 +108,26 @@ func testReadView(t *testing.T, inPlace bool) {
 	}
 }
 
-// The shared arena's buffers come back once files are closed: write
-// buffers after their sends, read-ahead windows at the last close.
-func TestArenaBuffersComeBack(t *testing.T) {
-	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 2, Replicas: 1}
-	tc := startCluster(t, layout, 2)
-	c := newTestClient(t, tc.metaAddr, Config{NoLocalReads: true})
+// writeReadBack writes files of several sizes through c and reads them
+// back through a second client.
+func writeReadBack(t *testing.T, c, r *Client, prefix string) {
+	t.Helper()
 	ctx := context.Background()
-	before := wire.ArenaInUse()
-	model := randomBytes(rand.New(rand.NewPCG(7, 8)), 6<<20)
-	for round := range 3 {
-		f := create(t, c, "arena-"+itoa(round), syscall.O_WRONLY)
-		for off := 0; off < len(model); off += 200 << 10 {
-			if _, err := f.WriteAt(ctx, model[off:min(off+200<<10, len(model))], int64(off)); err != nil {
-				t.Fatal(err)
-			}
+	rnd := rand.New(rand.NewPCG(21, 22))
+	for i, size := range []int{1, 100 << 10, 3<<20 + 12345} {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		model := randomBytes(rnd, size)
+		f := create(t, c, name, syscall.O_WRONLY)
+		if _, err := f.WriteAt(ctx, model, 0); err != nil {
+			t.Fatal(err)
 		}
 		if err := f.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		g, _ := open(t, c, "arena-"+itoa(round), syscall.O_RDONLY)
-		// Read on until a read-ahead window is out, and close then.
-		p := make([]byte, 128<<10)
-		held := false
-		for off := 0; off < len(model) && !held; off += len(p) {
-			if n, err := g.ReadAt(ctx, p, int64(off)); err != nil || !bytes.Equal(p[:n], model[off:off+n]) {
-				t.Fatalf("read at %d: %d bytes, %v, or wrong bytes", off, n, err)
-			}
-			g.in.mu.Lock()
-			held = len(g.in.ra) > 0
-			g.in.mu.Unlock()
+		g, _ := open(t, r, name, syscall.O_RDONLY)
+		if got := readAll(t, g, size, 128<<10); !bytes.Equal(got, model) {
+			t.Fatalf("%s reads back wrong", name)
 		}
-		if !held {
-			t.Fatal("a sequential reader got no read-ahead window")
-		}
-		if err := g.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for wire.ArenaInUse() > before {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes of the shared arena still in use after every file was closed (%d before)", wire.ArenaInUse(), before)
-		}
-		time.Sleep(20 * time.Millisecond)
+		g.Release(ctx)
 	}
 }

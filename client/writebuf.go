@@ -23,41 +23,35 @@ func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
 type chunkBuf struct {
 	extents []extent
 	size    int64 // total buffered bytes
-	// chunkSize, if set, lets a new extent take room up to the chunk's
-	// end from the lean data path's shared arena, so that it grows in
-	// place and a data server on this host reads it from there.
+	// chunkSize, if set, lets a large new extent take room up to the
+	// chunk's end, so that a sequential writer grows it in place.
 	chunkSize uint64
 }
 
-// minArenaExtent is the least room worth taking from the shared arena.
-const minArenaExtent = 64 << 10
+// minRoomyExtent is the least write whose new extent takes room up to
+// the chunk's end (at most maxExtentRoom): smaller ones (small files,
+// scattered writes) take room for themselves and grow by append.
+const (
+	minRoomyExtent = 64 << 10
+	maxExtentRoom  = 4 << 20
+)
 
-// newExtent returns a buffer holding p for a new extent at chunk offset
-// off, in the shared arena when it has room (a single extent is sent from
-// there without a copy; the arena's idle pages are bounded, where the
-// heap's garbage grows with the collector's percent). An extent that
-// starts the chunk, or a large one, takes room up to the chunk's end, so
-// that a sequential writer grows it in place; a small one elsewhere (a
-// scattered write) takes room for itself only.
+// newExtent returns a pooled buffer (wire.GetBuffer) holding p for a new
+// extent at chunk offset off.
 func (b *chunkBuf) newExtent(off uint64, p []byte) []byte {
-	if b.chunkSize > off {
-		room := b.chunkSize - off
-		if off != 0 && len(p) < minArenaExtent {
-			room = min(room, minArenaExtent)
-		}
-		if buf := wire.ReserveShared(int(room)); buf != nil {
-			buf = buf[:len(p)]
-			copy(buf, p)
-			return buf
-		}
+	room := len(p)
+	if len(p) >= minRoomyExtent && b.chunkSize > off {
+		room = max(room, int(min(b.chunkSize-off, maxExtentRoom)))
 	}
-	return append([]byte(nil), p...)
+	buf := wire.GetBuffer(room)[:len(p)]
+	copy(buf, p)
+	return buf
 }
 
 // release gives back the buffers of every extent; b is empty afterwards.
 func (b *chunkBuf) release() {
 	for _, e := range b.extents {
-		wire.ReleaseShared(e.data)
+		wire.PutBuffer(e.data)
 	}
 	b.extents, b.size = nil, 0
 }
@@ -102,7 +96,7 @@ func (b *chunkBuf) write(off uint64, p []byte) int64 {
 	for _, e := range b.extents[i:j] {
 		copy(data[e.off-start:], e.data)
 		removed += int64(len(e.data))
-		wire.ReleaseShared(e.data)
+		wire.PutBuffer(e.data)
 	}
 	copy(data[off-start:], p)
 	b.extents = append(b.extents[:i+1], b.extents[j:]...)
@@ -124,7 +118,7 @@ func (b *chunkBuf) truncate(size uint64) int64 {
 	b.size = 0
 	for _, e := range b.extents {
 		if e.off >= size {
-			wire.ReleaseShared(e.data)
+			wire.PutBuffer(e.data)
 			continue
 		}
 		if e.end() > size {

@@ -147,7 +147,8 @@ func (c *chainCluster) installLocked(v uint64, only []int) {
 	ch := &weftv1.Chain{Id: testChain, Version: v}
 	for _, i := range order {
 		sid, tid := siteIDs(fmt.Sprintf("s%d", i))
-		ch.Members = append(ch.Members, &weftv1.ChainMember{TargetId: tid, ServerId: sid, Address: c.servers[i].addr, State: c.states[i]})
+		ch.Members = append(ch.Members, &weftv1.ChainMember{TargetId: tid, ServerId: sid, Address: c.servers[i].addr,
+			WireAddress: c.servers[i].wire, State: c.states[i]})
 	}
 	table := &weftv1.ChainTable{Version: v, Chains: []*weftv1.Chain{ch}}
 	for i, ts := range c.servers {

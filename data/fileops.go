@@ -95,8 +95,12 @@ func (s *Server) SyncFile(ctx context.Context, req *weftv1.SyncFileRequest) (*we
 		return nil, s.diskError(m, fmt.Sprintf("sync inode %d", req.GetIno()), err)
 	}
 	err = s.forwardFileOp(ctx, m, fmt.Sprintf("forward sync of inode %d", req.GetIno()),
-		func(ctx context.Context, c weftv1.DataClient, next *weftv1.ChainMember) error {
-			_, err := c.SyncFile(ctx, &weftv1.SyncFileRequest{
+		func(ctx context.Context, _ weftv1.DataClient, next *weftv1.ChainMember) error {
+			c, err := s.chunkPeer(next) // syncs travel with the writes they cover
+			if err != nil {
+				return err
+			}
+			_, err = c.SyncFile(ctx, &weftv1.SyncFileRequest{
 				Ino: req.GetIno(), ChainId: m.view.id, ChainVersion: m.view.version, Forwarded: true, TargetId: next.GetTargetId(),
 			})
 			return err

@@ -302,8 +302,8 @@ func TestChainMembersOnOneServer(t *testing.T) {
 	ts := startServer(t, Config{Dir: dir, Targets: []string{dir + "/a", dir + "/b"}, ScrubRate: -1})
 	ts.srv.SetTargetIDs([]uint64{21, 22})
 	ts.srv.SetChains(&weftv1.ChainTable{Version: 1, Chains: []*weftv1.Chain{{Id: 4, Version: 1, Members: []*weftv1.ChainMember{
-		{TargetId: 22, ServerId: 1, Address: ts.addr, State: stateServing},
-		{TargetId: 21, ServerId: 1, Address: ts.addr, State: stateServing},
+		{TargetId: 22, ServerId: 1, Address: ts.addr, WireAddress: ts.wire, State: stateServing},
+		{TargetId: 21, ServerId: 1, Address: ts.addr, WireAddress: ts.wire, State: stateServing},
 	}}}})
 	id := &weftv1.ChunkID{Ino: 77, Index: 1}
 	if _, err := ts.client.WriteChunk(context.Background(), &weftv1.WriteChunkRequest{Chunk: id, ChainId: 4, ChainVersion: 1,

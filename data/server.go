@@ -51,13 +51,14 @@ type Config struct {
 	// verifies; 0 means DefaultScrubRate, a negative value turns the
 	// background scrub off (Server.Scrub still runs a pass on demand).
 	ScrubRate int64
-	// WireListen turns the lean data path (package internal/wire: chunk
-	// reads, writes and syncs without gRPC) off with WireOff; "" (the
-	// default) serves it on the gRPC listener's port, told apart from
-	// gRPC by its first bytes, and on a Unix socket in Dir. No other
-	// value is accepted: a server has one address.
-	WireListen string
-	Logger     *slog.Logger
+	// NoUnixSocket keeps the lean data path (package internal/wire:
+	// chunk reads, writes and syncs) off the Unix socket in Dir, so that
+	// clients on this host reach the server through its advertised TCP
+	// address too (tests that put a proxy in front of it). The lean data
+	// path is always served on the listener's port, told apart from gRPC
+	// by its first bytes.
+	NoUnixSocket bool
+	Logger       *slog.Logger
 	// FS is the file system the targets are on; default the local one
 	// (tests use one that can crash, see package disk).
 	FS disk.FS
@@ -75,7 +76,7 @@ type Server struct {
 	metaConn    *grpc.ClientConn
 	peers       peerPool
 	wirePeers   wirePool      // lean data path clients of peers, by wire address
-	wireAddr    string        // advertised lean data path address; "" if off
+	wireAddr    string        // advertised lean data path address
 	stats       []targetStats // by position in store.Targets()
 
 	// incarnation is this process: the server's uuid and a random part
@@ -159,9 +160,6 @@ func Open(cfg Config) (*Server, error) {
 	}
 	if cfg.ScrubRate == 0 {
 		cfg.ScrubRate = DefaultScrubRate
-	}
-	if cfg.WireListen != "" && cfg.WireListen != WireOff {
-		return nil, fmt.Errorf("open data server: lean data path %q: it shares the server's port (--listen); only %q (off) may be given", cfg.WireListen, WireOff)
 	}
 	targets := make([]string, len(cfg.Targets))
 	for i, t := range cfg.Targets {

@@ -2,6 +2,7 @@ package data
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 
@@ -9,44 +10,36 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// WireOff as Config.WireListen turns the lean data path off.
-const WireOff = "off"
-
 // listenWire shares lis between gRPC and the lean data path (see
 // wire.Split) and adds the lean data path's Unix socket. It returns the
-// listener gRPC serves, the lean data path's (nil when it is off) and the
-// lean data path address to report: the server's address addr, with the
-// Unix socket and the server's incarnation.
+// listener gRPC serves, the lean data path's and the lean data path
+// address to report: the server's address addr, with the Unix socket and
+// the server's incarnation.
 func (s *Server) listenWire(lis net.Listener, addr string) (grpcL, wireL net.Listener, wireAddr string) {
-	if s.cfg.WireListen == WireOff {
-		return lis, nil, ""
-	}
 	grpcL, wireL = wire.Split(lis, s.log)
+	if s.cfg.NoUnixSocket {
+		return grpcL, wireL, addr
+	}
 	wireL, wireAddr = s.withUnix(wireL, addr)
 	return grpcL, wireL, wireAddr
 }
 
 // WireAddr is the lean data path address the server reports to the meta
-// service ("" if none); set once Serve has started.
+// service; set once Serve has started.
 func (s *Server) WireAddr() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.wireAddr
 }
 
-// peerClient returns the client of chain member m's data server: chunk
-// writes, reads and syncs go over the lean data path when the member has
-// a wire address, everything else over gRPC.
-func (s *Server) peerClient(m *weftv1.ChainMember) (weftv1.DataClient, error) {
-	g, err := s.peers.client(m.GetAddress())
-	if err != nil || m.GetWireAddress() == "" {
-		return g, err
+// chunkPeer returns the lean data path client of chain member m's data
+// server, which forwarded chunk writes take; other calls between servers
+// (syncs, truncates, pushes, resync) go over gRPC (s.peers).
+func (s *Server) chunkPeer(m *weftv1.ChainMember) (*wire.Client, error) {
+	if m.GetWireAddress() == "" {
+		return nil, fmt.Errorf("data server %s has no lean data path address", m.GetAddress())
 	}
-	w, err := s.wirePeers.client(m.GetWireAddress())
-	if err != nil {
-		return nil, err
-	}
-	return wire.NewDataClient(g, w), nil
+	return s.wirePeers.client(m.GetWireAddress())
 }
 
 // wirePool keeps one lean data path client per peer wire address.

@@ -39,21 +39,6 @@ func (s *Server) ReadChunkPooled(_ context.Context, req *weftv1.ReadChunkRequest
 	return s.readChunk(req, wire.GetBuffer)
 }
 
-// ReadChunkAlloc is ReadChunk into a buffer of alloc: a client's shared
-// arena on the lean data path's Unix socket (see package internal/wire).
-func (s *Server) ReadChunkAlloc(_ context.Context, req *weftv1.ReadChunkRequest, alloc func(int) []byte) (data, buf []byte, err error) {
-	return s.readChunk(req, alloc)
-}
-
-// The client checks the checksums handed out with a chunk opened in
-// place in blocks of wire.BlockSize: the chunk store's block size.
-var (
-	_ [chunk.BlockSize - wire.BlockSize]struct{}
-	_ [wire.BlockSize - chunk.BlockSize]struct{}
-	_ [chunk.SlotStride - wire.SlotStride]struct{}
-	_ [wire.SlotStride - chunk.SlotStride]struct{}
-)
-
 // OpenChunkRead opens a chunk for a client on this host to read in place
 // (see wire.LocalChunk), after the checks of a read: this server serves
 // the chain at the request's version. The request's range, if any, is
@@ -79,8 +64,7 @@ func (s *Server) OpenChunkRead(_ context.Context, req *weftv1.ReadChunkRequest, 
 		s.noteCorrupt(m, id, err)
 		return nil, err
 	}
-	return &wire.LocalChunk{File: o.File, DataOffset: o.DataOffset, Length: o.Length, Version: o.Version, Sums: o.Sums,
-		Slots: o.Slots, Lease: lease}, nil
+	return &wire.LocalChunk{Opened: o, Lease: lease}, nil
 }
 
 // ReadIns counts the cold ranges the server's targets read into the

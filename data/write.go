@@ -149,7 +149,7 @@ func (s *Server) forwardWrite(ctx context.Context, m member, l *chunk.Locked, id
 	what := fmt.Sprintf("forward write of %v", id)
 	ctx, done := forwardContext(ctx, m.view)
 	defer done()
-	c, err := s.peerClient(next)
+	c, err := s.chunkPeer(next)
 	if err != nil {
 		return s.forwardError(m, next, what, err)
 	}
@@ -178,7 +178,7 @@ func (s *Server) forwardWrite(ctx context.Context, m member, l *chunk.Locked, id
 // chain). The caller holds the chunk.
 func (s *Server) push(ctx context.Context, m member, next *weftv1.ChainMember, id chunk.ID, full chunk.Full) error {
 	what := fmt.Sprintf("push %v (version %d)", id, full.Version)
-	c, err := s.peerClient(next)
+	c, err := s.peers.client(next.GetAddress())
 	if err == nil {
 		_, err = c.PushChunk(ctx, &weftv1.PushChunkRequest{
 			ChainId: m.view.id, ChainVersion: m.view.version, TargetId: next.GetTargetId(), Force: true,

@@ -15,6 +15,7 @@ import (
 	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/data"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -53,7 +54,7 @@ func newFsckEnv(t *testing.T) *fsckEnv {
 	var stopped []chan struct{}
 	for i := range 2 {
 		dir := filepath.Join(t.TempDir(), fmt.Sprintf("data%d", i))
-		d, err := data.Open(data.Config{Dir: dir, MetaAddr: lis.Addr().String(), WireListen: "off", ScrubRate: -1, Logger: quietLogger()})
+		d, err := data.Open(data.Config{Dir: dir, MetaAddr: lis.Addr().String(), ScrubRate: -1, Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,6 +155,14 @@ func (e *fsckEnv) dataClient(addr string) weftv1.DataClient {
 	return weftv1.NewDataClient(cc)
 }
 
+// chunkClient is a client of the chunk I/O (the lean protocol, on the
+// server's port) of the data server at addr.
+func (e *fsckEnv) chunkClient(addr string) *wire.Client {
+	c := wire.NewClient(addr, 0)
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // tryWrite writes data at the start of chunk index of file a through the
 // head of its chain.
 func (e *fsckEnv) tryWrite(a *weftv1.Attr, index uint64, b []byte) error {
@@ -171,12 +180,7 @@ func (e *fsckEnv) tryWrite(a *weftv1.Attr, index uint64, b []byte) error {
 	if c == nil {
 		return fmt.Errorf("no chain %d", id)
 	}
-	cc, err := rpc.Dial(c.Members[0].Address)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	_, err = weftv1.NewDataClient(cc).WriteChunk(e.ctx, &weftv1.WriteChunkRequest{
+	_, err = e.chunkClient(c.Members[0].Address).WriteChunk(e.ctx, &weftv1.WriteChunkRequest{
 		Chunk: &weftv1.ChunkID{Ino: a.Ino, Index: index}, ChainId: id, ChainVersion: c.Version,
 		Data: b, ChunkSize: a.Layout.ChunkSize,
 	})
@@ -197,7 +201,7 @@ func (e *fsckEnv) writeTail(a *weftv1.Attr, index uint64, b []byte) {
 	id := a.Layout.Chains[index%uint64(len(a.Layout.Chains))]
 	c := e.chain(id)
 	tail := c.Members[len(c.Members)-1]
-	_, err := e.dataClient(tail.Address).WriteChunk(e.ctx, &weftv1.WriteChunkRequest{
+	_, err := e.chunkClient(tail.Address).WriteChunk(e.ctx, &weftv1.WriteChunkRequest{
 		Chunk: &weftv1.ChunkID{Ino: a.Ino, Index: index}, ChainId: id, ChainVersion: c.Version,
 		Data: b, ChunkSize: a.Layout.ChunkSize, Forwarded: true, ChunkVersion: 1, TargetId: tail.TargetId,
 	})

@@ -15,53 +15,6 @@ type Full struct {
 	Data    []byte
 }
 
-// Locked is a chunk held exclusively for mutation (and the chunks of its
-// file in its chain shared, so no truncate or delete of that chain runs
-// meanwhile). A replicating caller applies a mutation and forwards it to
-// the next replica before unlocking, so every replica sees the chunk's
-// mutations in the same order. Its methods must not be called after
-// Unlock, nor concurrently.
-type Locked struct {
-	t      *Target
-	id     ID
-	chain  uint64
-	unlock []func()
-}
-
-// Lock takes chunk id of chain for mutation.
-func (t *Target) Lock(id ID, chain uint64) *Locked {
-	l := &Locked{t: t, id: id, chain: chain}
-	l.unlock = append(l.unlock, t.fileLocks.lock(fileKey{id.Ino, chain}, false), t.chunkLocks.lock(id, true))
-	return l
-}
-
-// Unlock releases the chunk.
-func (l *Locked) Unlock() {
-	for i := len(l.unlock) - 1; i >= 0; i-- {
-		l.unlock[i]()
-	}
-	l.unlock = nil
-}
-
-// Info returns the chunk's version, chain and length. A chunk whose header
-// is damaged fails with a *CorruptionError.
-func (l *Locked) Info() (Info, error) {
-	return l.t.info(l.id)
-}
-
-// info reads a chunk's header; the caller holds the chunk's lock.
-func (t *Target) info(id ID) (Info, error) {
-	f, err := t.openChunk(id, false)
-	if err != nil || f == nil {
-		return Info{ID: id}, err
-	}
-	defer t.store.files.release(f)
-	if f.bad != nil && f.bad.Header {
-		return Info{ID: id}, t.corrupt(f.bad)
-	}
-	return Info{ID: id, Exists: true, Version: f.hdr.version, Chain: f.hdr.chain, Length: f.size()}, nil
-}
-
 // ReadFull reads the whole chunk, verified, with its version.
 func (l *Locked) ReadFull() (Full, error) {
 	return l.t.readFull(l.id)

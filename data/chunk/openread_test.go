@@ -176,5 +176,48 @@ func TestOpenForReadRewrittenBlocks(t *testing.T) {
 		if crc32.Checksum(got, castagnoli) != o.Sums[b] || !bytes.Equal(got, want[b*BlockSize:b*BlockSize+n]) {
 			t.Fatalf("block %d read in place from slot %d: not what was written", b, o.Slots[b])
 		}
+	} // What a client does with it: ReadVerified, the whole chunk and
+	// from block 2 on; a damaged copy is refused.
+	if err := o.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int64{0, 2 * BlockSize} {
+		got := make([]byte, int64(len(want))-from)
+		if !o.ReadVerified(got, from) || !bytes.Equal(got, want[from:]) {
+			t.Fatalf("ReadVerified from %d: refused or not what was written", from)
+		}
+	}
+	var ranges int
+	o.FileRanges(0, int64(len(want)), func(flo, fhi int64) { ranges++ })
+	if ranges != 5 { // blocks 0, 1, 2, 3, 4: slots alternate
+		t.Errorf("FileRanges gave %d ranges, want 5", ranges)
+	}
+	bad := o
+	bad.Sums = append([]uint32(nil), o.Sums...)
+	bad.Sums[3]++
+	if bad.ReadVerified(make([]byte, len(want)), 0) {
+		t.Error("ReadVerified accepted a block that does not match its checksum")
+	}
+}
+
+// TestOpenedCheck checks what a client accepts of an open's answer.
+func TestOpenedCheck(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		o    Opened
+		ok   bool
+	}{
+		{"empty", Opened{}, true},
+		{"one block", Opened{Length: 10, Sums: []uint32{1}}, true},
+		{"slots", Opened{Length: BlockSize + 1, Sums: []uint32{1, 2}, Slots: []uint8{0, 2}}, true},
+		{"too few sums", Opened{Length: BlockSize + 1, Sums: []uint32{1}}, false},
+		{"too many sums", Opened{Length: 1, Sums: []uint32{1, 2}}, false},
+		{"slot out of range", Opened{Length: 1, Sums: []uint32{1}, Slots: []uint8{3}}, false},
+		{"slots not per block", Opened{Length: 1, Sums: []uint32{1}, Slots: []uint8{0, 1}}, false},
+		{"too long", Opened{Length: MaxChunkSize + 1}, false},
+	} {
+		if err := tt.o.Check(); (err == nil) != tt.ok {
+			t.Errorf("%s: Check = %v, want ok %v", tt.name, err, tt.ok)
+		}
 	}
 }

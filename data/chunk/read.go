@@ -233,23 +233,6 @@ func (t *Target) readInBackground(fd int, base, lo, hi, size int64) {
 	}()
 }
 
-// Opened is a chunk opened for a client on this host to read in place
-// (OpenForRead).
-type Opened struct {
-	// File is the chunk's file, read-only; nil if the chunk does not
-	// exist.
-	File *os.File
-	// DataOffset is where the chunk's bytes start in File.
-	DataOffset int64
-	Length     int64
-	Version    uint64
-	// Sums holds the CRC32C of each block.
-	Sums []uint32
-	// Slots holds the slot of each block (nil: all in slot 0): block b is
-	// at DataOffset + Slots[b]*SlotStride + b*BlockSize.
-	Slots []uint8
-}
-
 // ErrNotInPlace is returned by OpenForRead for a chunk with a block that
 // is not one whole copy (a hole, a copy shorter than its block) or a
 // target whose files have no descriptors: it is read through the server

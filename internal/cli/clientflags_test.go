@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"testing"
 	"time"
 
@@ -38,25 +37,20 @@ func TestClientSettingsSizes(t *testing.T) {
 	}
 }
 
-// --local-reads, --open-around and --close-sync reach the client's
-// configuration: on (512 chunks; close-sync off) by default, off when
-// given false (0); a bad bound is refused. How creates are delegated and
-// sent is the client's own business: no flag tunes it.
+// --local-reads and --close-sync reach the client's configuration: on
+// (close-sync off) by default, off when given false. How chunks are opened
+// around a random reader, and how creates are delegated and sent, are the
+// client's own business: no flag tunes them.
 func TestClientSettingsSwitches(t *testing.T) {
 	for _, tt := range []struct {
 		args         []string
 		noLocalReads bool
-		openAround   int // 0: the default
 		closeSync    bool
 		wantErr      bool
 	}{
 		{args: nil},
 		{args: []string{"--local-reads=false"}, noLocalReads: true},
 		{args: []string{"--local-reads=true"}},
-		{args: []string{"--open-around", "64"}, openAround: 64},
-		{args: []string{"--open-around", "0"}, openAround: -1},
-		{args: []string{"--open-around", "-1"}, wantErr: true},
-		{args: []string{"--open-around", "5000"}, wantErr: true},
 		{args: []string{"--close-sync"}, closeSync: true},
 		{args: []string{"--close-sync=false"}},
 	} {
@@ -75,9 +69,6 @@ func TestClientSettingsSwitches(t *testing.T) {
 		}
 		var cfg client.Config
 		s.apply(&cfg)
-		if want := cmp.Or(tt.openAround, client.DefaultOpenAroundChunks); cfg.OpenAroundChunks != want {
-			t.Errorf("%v: OpenAroundChunks = %d, want %d", tt.args, cfg.OpenAroundChunks, want)
-		}
 		if cfg.CloseSync != tt.closeSync {
 			t.Errorf("%v: CloseSync = %v, want %v", tt.args, cfg.CloseSync, tt.closeSync)
 		}

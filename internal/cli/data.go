@@ -22,8 +22,6 @@ type dataFlags struct {
 	syncBW    string
 	scrubRate string
 	debug     bool
-
-	wire bool // lean data path on the --listen port
 }
 
 func newDataCmd() *cobra.Command {
@@ -50,7 +48,6 @@ it listens on is written to DIR/address.`,
 	fl.StringVar(&f.site, "site", "", "site of this server (failure domain)")
 	fl.StringVar(&f.rack, "rack", "", "rack of this server (failure domain)")
 	fl.StringVar(&f.advertise, "advertise", "", "address clients use to reach this server (default: the listen address)")
-	fl.BoolVar(&f.wire, "wire", true, "serve the lean data path (chunk reads, writes and syncs without gRPC) on the --listen port too, and on a Unix socket in --dir; false: gRPC only")
 	fl.StringVar(&f.syncBW, "sync-bandwidth", "200MiB", "bytes per second this server sends to fill replicas that are syncing or being re-replicated (e.g. 50MiB)")
 	fl.StringVar(&f.scrubRate, "scrub-rate", "20MiB", "bytes per second the background scrub re-reads and verifies (0: no background scrub)")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
@@ -104,7 +101,6 @@ func runData(ctx context.Context, cmd *cobra.Command, f dataFlags) error {
 		SyncBandwidth: int64(syncBW),
 		ScrubRate:     scrub,
 		Logger:        log,
-		WireListen:    wireListen(f.wire),
 	})
 	if err != nil {
 		return failure("open the data server in "+f.dir, err, "check that the directory and targets are writable and no other weft data uses them")
@@ -126,12 +122,4 @@ func runData(ctx context.Context, cmd *cobra.Command, f dataFlags) error {
 	}
 	log.Info("data server stopped")
 	return nil
-}
-
-// wireListen is data.Config.WireListen for --wire.
-func wireListen(on bool) string {
-	if on {
-		return ""
-	}
-	return data.WireOff
 }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/weft-fs/weft/internal/faultproxy"
-	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -252,12 +252,8 @@ func TestPartitionDataServerIsolated(t *testing.T) {
 // with target in tab, at the chain version of tab: every read must fail.
 func probeFenced(t *testing.T, addr string, tab *weftv1.ChainTable, target uint64) {
 	t.Helper()
-	cc, err := rpc.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	dc := weftv1.NewDataClient(cc)
+	dc := wire.NewClient(addr, 0) // chunk I/O: the lean protocol on the server's port
+	defer dc.Close()
 	probes := 0
 	for _, ch := range tab.GetChains() {
 		if len(ch.GetMembers()) < 2 {

@@ -14,7 +14,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
 	"github.com/weft-fs/weft/meta/kv/pebblekv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -90,12 +90,9 @@ func TestFsckProcess(t *testing.T) {
 		t.Fatalf("chain table: %v, %v", tab, err)
 	}
 	ch := tab.Chains[0]
-	cc, err := rpc.Dial(ch.Members[0].Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	_, err = weftv1.NewDataClient(cc).WriteChunk(context.Background(), &weftv1.WriteChunkRequest{
+	dc := wire.NewClient(ch.Members[0].Address, 0) // chunk I/O: the lean protocol on the server's port
+	defer dc.Close()
+	_, err = dc.WriteChunk(context.Background(), &weftv1.WriteChunkRequest{
 		Chunk: &weftv1.ChunkID{Ino: ghost}, ChainId: ch.Id, ChainVersion: ch.Version, Data: []byte("nobody's"), ChunkSize: 1 << 20,
 	})
 	if err != nil {

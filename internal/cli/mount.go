@@ -35,7 +35,6 @@ type clientSettings struct {
 	writeBuffer        string        // --write-buffer size
 	readAhead          string        // --read-ahead size; 0: off
 	localReads         bool          // --local-reads
-	openAround         int           // --open-around; 0: off
 	closeSync          bool          // --close-sync
 }
 
@@ -53,9 +52,6 @@ func (s *clientSettings) addFlags(cmd *cobra.Command) {
 		"largest read-ahead window of a sequential reader near its data servers; it grows up to 8 times with their round trip, once per 5 ms (0: no read-ahead)")
 	fl.BoolVar(&s.localReads, "local-reads", true,
 		"read chunks of data servers on this host straight from their files (checksums still checked); false: through the servers")
-	fl.IntVar(&s.openAround, "open-around", client.DefaultOpenAroundChunks,
-		fmt.Sprintf("with --local-reads, a reader that opens a chunk of a file of at most this many chunks where read-ahead did not lead it (a random reader) "+
-			"has the file's other chunks opened in place too, so no later read waits to open one (a descriptor each; 0: off; at most %d)", client.MaxOpenAroundChunks))
 	fl.BoolVar(&s.closeSync, "close-sync", false,
 		"close waits until the file's data is on the disks of every replica (fdatasync), as fsync does; "+
 			"default: close waits until every replica holds it in memory (it survives any process crash and, with replicas 2 or more, the loss of one machine; fsync makes it durable)")
@@ -92,9 +88,6 @@ func (s clientSettings) check() error {
 	if s.unavailableTimeout <= 0 {
 		return usagef("--unavailable-timeout must be positive, got %v", s.unavailableTimeout)
 	}
-	if s.openAround < 0 || s.openAround > client.MaxOpenAroundChunks {
-		return usagef("--open-around must be between 0 (off) and %d chunks, got %d", client.MaxOpenAroundChunks, s.openAround)
-	}
 	_, _, err := s.sizes()
 	return err
 }
@@ -106,11 +99,7 @@ func (s clientSettings) apply(cfg *client.Config) {
 	// check has validated the sizes.
 	cfg.WriteBufferBytes, cfg.ReadAheadBytes, _ = s.sizes()
 	cfg.NoLocalReads = !s.localReads
-	cfg.OpenAroundChunks = s.openAround
 	cfg.CloseSync = s.closeSync
-	if s.openAround == 0 {
-		cfg.OpenAroundChunks = -1 // off
-	}
 }
 
 func newMountCmd() *cobra.Command {

@@ -290,7 +290,7 @@ func (s *Servers) StartData(i int) {
 	if s.opts.Front != nil {
 		cfg.Advertise, front = s.opts.Front(i, lis.Addr().String())
 		if cfg.Advertise != "" {
-			cfg.WireListen = data.WireOff
+			cfg.NoUnixSocket = true
 		}
 	}
 	srv, err := data.Open(cfg)

@@ -11,8 +11,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Addr is the address of a data server's lean data path as the server
@@ -90,23 +88,15 @@ func NewIdentity(base string) string {
 	return base + "." + hex.EncodeToString(b[:])
 }
 
-// dialUnix connects to the Unix socket of a, checks that the server
-// there has a's identity (errNotThisServer if not) and offers it the
-// shared arena.
+// dialUnix connects to the Unix socket of a and checks that the server
+// there has a's identity (errNotThisServer if not).
 func dialUnix(ctx context.Context, peer string, a Addr) (*clientConn, error) {
 	nc, err := dialUnixChecked(ctx, a)
 	if err != nil {
 		return nil, err
 	}
-	shm, err := attachArena(nc)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("offer the shared arena: %w", err)
-	}
 	nc.SetDeadline(time.Time{})
-	cc := newClientConn(peer, a.Unix, nc)
-	cc.shm = shm
-	return cc, nil
+	return newClientConn(peer, a.Unix, nc), nil
 }
 
 // dialUnixChecked connects to the Unix socket of a and checks that the
@@ -159,46 +149,6 @@ func dialUnixChecked(ctx context.Context, a Addr) (*net.UnixConn, error) {
 		return fail(fmt.Errorf("%s: identity %q, want %q: %w", a.Unix, id, a.ID, errNotThisServer))
 	}
 	return uc, nil
-}
-
-// attachArena offers the process's shared arena to the server at the
-// other end of Unix socket connection nc (before any request) and returns
-// it if the server mapped it; nil: requests carry their data through the
-// socket. An error means the connection is unusable.
-func attachArena(nc net.Conn) (*arena, error) {
-	uc, ok := nc.(*net.UnixConn)
-	if !ok || !shmWanted() {
-		return nil, nil
-	}
-	a, err := sharedArena()
-	if err != nil {
-		return nil, nil
-	}
-	var b [headerLen + attachMetaLen]byte
-	header{op: opAttach, metaLen: attachMetaLen}.put(b[:])
-	le.PutUint64(b[headerLen:], uint64(len(a.mem)))
-	if _, _, err := uc.WriteMsgUnix(b[:], unix.UnixRights(a.fd), nil); err != nil {
-		return nil, err
-	}
-	var hb [headerLen]byte
-	if _, err := io.ReadFull(nc, hb[:]); err != nil {
-		return nil, err
-	}
-	h, err := parseHeader(hb[:])
-	if err == nil && (h.op != opResponse || h.metaLen < respMetaMin || h.metaLen > maxMeta || h.payloadLen != 0) {
-		err = fmt.Errorf("%w: unexpected answer (op %d) to the arena offer", errProtocol, h.op)
-	}
-	if err != nil {
-		return nil, err
-	}
-	m := make([]byte, h.metaLen)
-	if _, err := io.ReadFull(nc, m); err != nil {
-		return nil, err
-	}
-	if le.Uint32(m) != 0 {
-		return nil, nil // refused: the socket carries the data
-	}
-	return a, nil
 }
 
 // dialAddr connects to the server of c: through its Unix socket when it

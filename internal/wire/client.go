@@ -38,7 +38,6 @@ type Client struct {
 	calls     atomic.Uint64
 	unixOff   atomic.Bool // the Unix socket is not this server's
 	unixConns atomic.Uint64
-	shmCalls  atomic.Uint64
 	// openRounds counts rounds of chunk opens in place (OpenChunk,
 	// OpenChunks).
 	openRounds atomic.Uint64
@@ -71,10 +70,6 @@ func NewMetaClient(addr string) *Client {
 
 // Addr is the server address as given to NewClient.
 func (c *Client) Addr() string { return c.addr }
-
-// ShmCalls is the number of requests whose data went through the shared
-// arena instead of the socket.
-func (c *Client) ShmCalls() uint64 { return c.shmCalls.Load() }
 
 // OpenRounds is the number of rounds of requests that opened chunks in
 // place (OpenChunk and OpenChunks calls that reached the server).
@@ -162,8 +157,6 @@ type clientConn struct {
 	pending map[uint64]*call
 	err     error // set once the connection broke
 	dead    atomic.Bool
-
-	shm *arena // the arena the server mapped (Unix socket), or nil
 }
 
 // call is one request waiting for its answer.
@@ -176,7 +169,6 @@ type call struct {
 	data               []byte
 	aux                uint32 // header field of the answer
 	err                error  // connection failure
-	lent               []byte // arena buffer the server reads or fills; see doOn
 }
 
 func dial(ctx context.Context, peer, addr string) (*clientConn, error) {
@@ -319,7 +311,7 @@ func (c *Client) do(ctx context.Context, op uint8, meta []byte, payload []byte, 
 	if err != nil {
 		return nil, err
 	}
-	return c.doOn(ctx, cc, op, meta, payload, dst, nil)
+	return c.doOn(ctx, cc, op, meta, payload, dst)
 }
 
 // pick returns the connection for the next request.
@@ -348,18 +340,10 @@ func (e notSent) Unwrap() error              { return e.err }
 func (e notSent) Is(target error) bool       { return target == ErrNotSent }
 func (e notSent) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
-// doOn is do on connection cc. lent, if not nil, is a buffer of the
-// shared arena (lent with arena.lend) that the server reads (a write) or
-// fills (a read) while it serves the request: the lend ends only once the
-// answer has come, even when the caller gives up before, so the arena
-// never hands out again memory the server may touch. Without an answer
-// (the connection broke) it never ends: the server may still be at it.
-func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte, payload []byte, dst []byte, lent []byte) (*call, error) {
+// doOn is do on connection cc.
+func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte, payload []byte, dst []byte) (*call, error) {
 	c.calls.Add(1)
-	if lent != nil {
-		c.shmCalls.Add(1)
-	}
-	cl := &call{done: make(chan struct{}), dst: dst, lent: lent}
+	cl := &call{done: make(chan struct{}), dst: dst}
 	cc.mu.Lock()
 	if cc.err != nil {
 		err := cc.connError(cc.err)
@@ -389,12 +373,6 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
-		if lent != nil {
-			// Leave the call waiting: its answer ends the lend.
-			go cl.unlendOnAnswer(cc.shm)
-			go cc.cancel(id)
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
 		cc.mu.Lock()
 		_, waiting := cc.pending[id]
 		if waiting {
@@ -411,9 +389,6 @@ func (c *Client) doOn(ctx context.Context, cc *clientConn, op uint8, meta []byte
 	}
 	if cl.err != nil {
 		return nil, cl.err
-	}
-	if lent != nil {
-		cc.shm.unlend(lent)
 	}
 	return cl, nil
 }
@@ -466,111 +441,43 @@ func (cl *call) callError() error {
 	return fserr.FromStatus(st.Err())
 }
 
-// unlendOnAnswer waits for the answer of a call and ends the lend of its
-// buffer if it came (without one the server may still be at it: the
-// buffer is never reused).
-func (cl *call) unlendOnAnswer(a *arena) {
-	<-cl.done
-	if cl.err == nil {
-		a.unlend(cl.lent)
-	}
-}
-
-// lend returns a buffer of n bytes of the arena, lent for a request on
-// cc, or nil when cc has no arena or the arena no room. Give it back with
-// put whatever the request's outcome.
-func (cc *clientConn) lend(n int) []byte {
-	if cc.shm == nil || n == 0 {
-		return nil
-	}
-	b := cc.shm.get(n)
-	if b != nil && !cc.shm.lend(b) {
-		return nil
-	}
-	return b
-}
-
-// putShm puts the arena place of b (offset, length) into the last 16
-// bytes of fields m.
-func (cc *clientConn) putShm(m []byte, b []byte) {
-	off, _ := cc.shm.offset(b)
-	le.PutUint64(m[len(m)-16:], off)
-	le.PutUint64(m[len(m)-8:], uint64(len(b)))
-}
-
-// WriteChunk sends a chunk write. Its bytes cross over the arena when the
-// connection has one: from the caller's buffer if it lies there, else
-// copied into a lent one; otherwise they follow the fields in the frame.
-// A write of pieces sends its table of pieces ahead of their bytes.
+// WriteChunk sends a chunk write. A write of pieces (req.PieceOffsets
+// and req.PieceLengths, their bytes one after another in req.Data) goes
+// as WritePieces sends it.
 func (c *Client) WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error) {
-	cc, err := c.pick(ctx)
-	if err != nil {
-		return nil, err
-	}
 	data := req.GetData()
 	if len(req.GetPieceOffsets()) > 0 {
-		return c.writePieces(ctx, cc, req, [][]byte{data})
+		return c.WritePieces(ctx, req, [][]byte{data})
 	}
-	if cc.shm != nil && len(data) > 0 && cc.shm.lend(data) {
-		return writeResponse(c.writeShm(ctx, cc, req, data))
-	}
-	if b := cc.lend(len(data)); b != nil {
-		copy(b, data)
-		return c.writeLent(ctx, cc, req, b)
-	}
-	return c.writeInFrame(ctx, cc, req, data)
+	return c.writeInFrame(ctx, req, data)
 }
 
 // WritePieces sends a write of pieces (req.PieceOffsets and
 // req.PieceLengths) whose bytes are pieces, one after another, instead of
-// req.Data: over the arena they are copied straight into the lent buffer
-// behind the table, without being gathered first.
+// req.Data: they are copied once, behind the table, into a pooled buffer
+// that is the frame's payload.
 func (c *Client) WritePieces(ctx context.Context, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
-	cc, err := c.pick(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return c.writePieces(ctx, cc, req, pieces)
-}
-
-func (c *Client) writePieces(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, pieces [][]byte) (*weftv1.WriteChunkResponse, error) {
 	offs, lens := req.GetPieceOffsets(), req.GetPieceLengths()
+	if len(offs) != len(lens) || len(offs) > MaxPayload/12 {
+		return nil, notSent{status.Errorf(codes.InvalidArgument, "write of pieces of chunk %d of file %d: %d offsets, %d lengths",
+			req.GetChunk().GetIndex(), req.GetChunk().GetIno(), len(offs), len(lens))}
+	}
 	n := piecesTableLen(len(offs))
 	for _, p := range pieces {
 		n += len(p)
 	}
-	if b := cc.lend(n); b != nil {
-		putPieces(b, offs, lens, pieces)
-		return c.writeLent(ctx, cc, req, b)
-	}
-	data := make([]byte, n)
+	data := GetBuffer(n)
+	defer PutBuffer(data) // do no longer references the payload once it returns
 	putPieces(data, offs, lens, pieces)
-	return c.writeInFrame(ctx, cc, req, data)
-}
-
-// writeLent sends a write whose bytes are b, a buffer the connection lent
-// from the arena, and gives b back.
-func (c *Client) writeLent(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, b []byte) (*weftv1.WriteChunkResponse, error) {
-	cl, err := c.writeShm(ctx, cc, req, b)
-	cc.shm.put(b)
-	return writeResponse(cl, err)
+	return c.writeInFrame(ctx, req, data)
 }
 
 // writeInFrame sends a write whose bytes, data, follow its fields in the
 // frame.
-func (c *Client) writeInFrame(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, data []byte) (*weftv1.WriteChunkResponse, error) {
+func (c *Client) writeInFrame(ctx context.Context, req *weftv1.WriteChunkRequest, data []byte) (*weftv1.WriteChunkResponse, error) {
 	var m [writeMetaLen]byte
 	putWrite(m[:], req)
-	return writeResponse(c.doOn(ctx, cc, opWriteChunk, m[:], data, nil, nil))
-}
-
-// writeShm sends a write whose bytes are b, a buffer of the arena lent to
-// the server.
-func (c *Client) writeShm(ctx context.Context, cc *clientConn, req *weftv1.WriteChunkRequest, b []byte) (*call, error) {
-	var m [writeShmMetaLen]byte
-	putWrite(m[:], req)
-	cc.putShm(m[:], b)
-	return c.doOn(ctx, cc, opWriteShm, m[:], nil, nil, b)
+	return writeResponse(c.do(ctx, opWriteChunk, m[:], data, nil))
 }
 
 // writeResponse is the answer to a write call.
@@ -597,85 +504,14 @@ func (c *Client) ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*
 // into a new buffer) and returns what the server sent: shorter than asked
 // where the chunk ends.
 func (c *Client) ReadChunkInto(ctx context.Context, req *weftv1.ReadChunkRequest, dst []byte) ([]byte, error) {
-	cc, err := c.pick(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if b := cc.lend(int(req.GetLength())); b != nil {
-		var m [readShmMetaLen]byte
-		putRead(m[:], req)
-		cc.putShm(m[:], b)
-		cl, err := c.doOn(ctx, cc, opReadShm, m[:], nil, nil, b)
-		defer cc.shm.put(b)
-		if err != nil {
-			return nil, err
-		}
-		if err := cl.callError(); err != nil {
-			return nil, err
-		}
-		n := int(cl.aux)
-		if n > len(b) {
-			return nil, status.Errorf(codes.Internal, "lean data path: server %s placed %d bytes for a read of %d", cc.addr, n, len(b))
-		}
-		out := dst
-		if n > len(dst) {
-			out = make([]byte, n)
-		}
-		return out[:copy(out, b[:n])], nil
-	}
 	var m [readMetaLen]byte
 	putRead(m[:], req)
-	cl, err := c.doOn(ctx, cc, opReadChunk, m[:], nil, dst, nil)
+	cl, err := c.do(ctx, opReadChunk, m[:], nil, dst)
 	if err != nil {
 		return nil, err
 	}
 	if err := cl.callError(); err != nil {
 		return nil, err
-	}
-	return cl.data, nil
-}
-
-// ReadChunkShared reads from a chunk into a buffer it returns: one of the
-// shared arena (GetShared) that the server filled in place when the
-// connection has the arena, else one the answer was received into. The
-// caller owns the returned slice (full capacity, starting at its buffer's
-// start) and gives it back with PutShared.
-func (c *Client) ReadChunkShared(ctx context.Context, req *weftv1.ReadChunkRequest) ([]byte, error) {
-	cc, err := c.pick(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if b := cc.lend(int(req.GetLength())); b != nil {
-		var m [readShmMetaLen]byte
-		putRead(m[:], req)
-		cc.putShm(m[:], b)
-		cl, err := c.doOn(ctx, cc, opReadShm, m[:], nil, nil, b)
-		if err == nil {
-			err = cl.callError()
-		}
-		if err != nil {
-			cc.shm.put(b)
-			return nil, err
-		}
-		if n := int(cl.aux); n <= len(b) {
-			return b[:n], nil
-		}
-		cc.shm.put(b)
-		return nil, status.Errorf(codes.Internal, "lean data path: server %s placed %d bytes for a read of %d", cc.addr, cl.aux, len(b))
-	}
-	dst := GetShared(int(req.GetLength()))
-	var m [readMetaLen]byte
-	putRead(m[:], req)
-	cl, err := c.doOn(ctx, cc, opReadChunk, m[:], nil, dst, nil)
-	if err == nil {
-		err = cl.callError()
-	}
-	if err != nil {
-		PutShared(dst)
-		return nil, err
-	}
-	if len(cl.data) == 0 || &cl.data[0] != &dst[0] {
-		PutShared(dst) // nothing read, or it did not fit: received into a new buffer
 	}
 	return cl.data, nil
 }

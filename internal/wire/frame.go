@@ -16,7 +16,7 @@
 //	  payloadLen  u32  bytes of bulk data after the fields
 //	  id          u64  request id, chosen by the client; the answer has the same
 //	  timeoutMs   u32  requests: the caller's remaining deadline (0: none)
-//	  aux         u32  answers to opReadShm: bytes placed in the arena
+//	  aux         u32  answers to opOpenChunk and opLease: the lease in ms
 //	fields (metaLen bytes: fixed little-endian fields per op)
 //	payload (payloadLen bytes: the data written, or read)
 //
@@ -26,9 +26,8 @@
 // which cancels the server's context for it. Payloads are received
 // straight into the destination buffer (pooled on the server, the caller's
 // on the client) and sent with writev (net.Buffers), so bulk data is
-// never copied by the protocol. On a Unix socket the payload need not
-// cross the socket at all: see shm.go; and a client may read chunks
-// straight from the server's files: see localread.go.
+// never copied by the protocol. On a Unix socket a client may also read
+// chunks straight from the server's files: see localread.go.
 //
 // Errors travel as a gRPC status code, message and errno (the same as
 // package fserr puts into gRPC statuses), and the client returns them as
@@ -41,7 +40,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net"
+	"sync"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -52,13 +53,11 @@ const (
 	opReadChunk  uint8 = 2
 	opSyncFile   uint8 = 3
 	opCancel     uint8 = 4
-	opAttach     uint8 = 5  // Unix socket: the client's arena comes with it (SCM_RIGHTS)
-	opWriteShm   uint8 = 6  // opWriteChunk whose data lies in the client's arena
-	opReadShm    uint8 = 7  // opReadChunk into the client's arena
-	opOpenChunk  uint8 = 8  // Unix socket: a chunk's file for reading in place (localread.go)
-	opLease      uint8 = 9  // Unix socket: a new lease for the chunks read in place
-	opMetaBatch  uint8 = 10 // a batch of meta service calls (BatchHandler)
-	opResponse   uint8 = 0x80
+	// Ops 5 to 7 are retired (a shared-memory arena on the Unix socket).
+	opOpenChunk uint8 = 8  // Unix socket: a chunk's file for reading in place (localread.go)
+	opLease     uint8 = 9  // Unix socket: a new lease for the chunks read in place
+	opMetaBatch uint8 = 10 // a batch of meta service calls (BatchHandler)
+	opResponse  uint8 = 0x80
 )
 
 const (
@@ -74,13 +73,10 @@ var preface = [8]byte{'w', 'e', 'f', 't', 'w', 'i', 'r', '1'}
 
 // Fixed sizes of the op fields.
 const (
-	writeMetaLen    = 64
-	readMetaLen     = 48
-	syncMetaLen     = 40
-	attachMetaLen   = 8                 // the arena's size
-	writeShmMetaLen = writeMetaLen + 16 // + arena offset and length of the data
-	readShmMetaLen  = readMetaLen + 16  // + arena offset and room of the destination
-	respMetaMin     = 12                // code, errno, flags; then the message
+	writeMetaLen = 64
+	readMetaLen  = 48
+	syncMetaLen  = 40
+	respMetaMin  = 12 // code, errno, flags; then the message
 )
 
 // Flags of requests and responses.
@@ -171,8 +167,8 @@ func putWrite(b []byte, r *weftv1.WriteChunkRequest) {
 }
 
 // getWrite decodes a write's fields b and data. A write of pieces whose
-// table does not fit its data keeps no pieces and an offset past any
-// chunk: the server refuses it.
+// table does not fit its data, or whose offset is not the pieces mark,
+// keeps no pieces and an offset past any chunk: the server refuses it.
 func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 	f := le.Uint32(b[60:])
 	r := &weftv1.WriteChunkRequest{
@@ -182,8 +178,11 @@ func getWrite(b []byte, data []byte) *weftv1.WriteChunkRequest {
 		Sync: f&flagSync != 0, Forwarded: f&flagForwarded != 0, Data: data,
 	}
 	if f&flagPieces != 0 {
+		sent := r.Offset
 		r.Offset = weftv1.PiecesOffset
-		r.PieceOffsets, r.PieceLengths, r.Data = getPieces(data)
+		if sent == weftv1.PiecesOffset {
+			r.PieceOffsets, r.PieceLengths, r.Data = getPieces(data)
+		}
 	}
 	return r
 }
@@ -274,12 +273,6 @@ func metaLenOf(op uint8) int {
 		return syncMetaLen
 	case opCancel:
 		return 0
-	case opAttach:
-		return attachMetaLen
-	case opWriteShm:
-		return writeShmMetaLen
-	case opReadShm:
-		return readShmMetaLen
 	case opOpenChunk:
 		return readMetaLen
 	case opLease:
@@ -288,4 +281,42 @@ func metaLenOf(op uint8) int {
 		return 0
 	}
 	return -1
+}
+
+// Buffers are pooled in power-of-two classes from 4 KiB to 128 MiB.
+const (
+	minClassShift = 12
+	numClasses    = 16
+)
+
+var pools [numClasses]sync.Pool
+
+func classOf(n int) int {
+	if n <= 1<<minClassShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - minClassShift
+}
+
+// GetBuffer returns a buffer of n bytes from the pool (not zeroed). Give
+// it back with PutBuffer once nothing references it any more.
+func GetBuffer(n int) []byte {
+	c := classOf(n)
+	if c >= numClasses {
+		return make([]byte, n)
+	}
+	if p, _ := pools[c].Get().(*[]byte); p != nil {
+		return (*p)[:n]
+	}
+	return make([]byte, n, 1<<(c+minClassShift))
+}
+
+// PutBuffer returns a buffer obtained from GetBuffer to the pool.
+func PutBuffer(b []byte) {
+	c := classOf(cap(b))
+	if c >= numClasses || cap(b) != 1<<(c+minClassShift) {
+		return
+	}
+	b = b[:0]
+	pools[c].Put(&b)
 }

@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -131,3 +132,65 @@ func (m *multiListener) Close() error {
 
 // Addr is the first listener's address.
 func (m *multiListener) Addr() net.Addr { return m.ls[0].Addr() }
+
+// fdReader reads a Unix socket connection and keeps the descriptors that
+// come with its bytes (SCM_RIGHTS): the descriptors of chunks opened in
+// place (localread.go).
+type fdReader struct {
+	uc  *net.UnixConn
+	oob [64]byte
+
+	mu  sync.Mutex
+	fds []int
+}
+
+// Read implements io.Reader.
+func (r *fdReader) Read(p []byte) (int, error) {
+	n, oobn, _, _, err := r.uc.ReadMsgUnix(p, r.oob[:])
+	if oobn > 0 {
+		r.keep(r.oob[:oobn])
+	}
+	return max(n, 0), err
+}
+
+// keep parses control messages and keeps their descriptors.
+func (r *fdReader) keep(oob []byte) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		r.mu.Lock()
+		r.fds = append(r.fds, fds...)
+		r.mu.Unlock()
+	}
+}
+
+// take returns the oldest descriptor received, or -1.
+func (r *fdReader) take() int {
+	if r == nil {
+		return -1
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.fds) == 0 {
+		return -1
+	}
+	fd := r.fds[0]
+	r.fds = r.fds[1:]
+	return fd
+}
+
+// closeAll closes the descriptors nobody took.
+func (r *fdReader) closeAll() {
+	if r == nil {
+		return
+	}
+	for fd := r.take(); fd >= 0; fd = r.take() {
+		unix.Close(fd)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weft-fs/weft/data/chunk"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -40,20 +41,10 @@ import (
 // LocalChunk is a chunk of a data server on this host, opened for
 // reading in place.
 type LocalChunk struct {
-	// File is the chunk's file, open read-only; nil if the server holds
-	// no such chunk (it reads as zeros).
-	File *os.File
-	// DataOffset is where the chunk's bytes start in File (after the
-	// header and checksums the server keeps in it).
-	DataOffset int64
-	Length     int64
-	Version    uint64
-	// Sums holds the CRC32C (Castagnoli) of each BlockSize block of the
-	// chunk, the last one of the bytes present.
-	Sums []uint32
-	// Slots holds where each block is (nil: all in slot 0): block b is
-	// at DataOffset + Slots[b]*SlotStride + b*BlockSize in File.
-	Slots []uint8
+	// Opened is the chunk's file (nil if the server holds no such chunk:
+	// it reads as zeros) and where its blocks are, as package data/chunk
+	// (the chunk file format) describes them.
+	chunk.Opened
 	// Lease is how long the chunk may be read in place, counted from the
 	// request: the server answers for its copy only while it is sure to
 	// be serving the chain (see the data server's fencing).
@@ -63,16 +54,6 @@ type LocalChunk struct {
 // offsetShift places LocalChunk.DataOffset in the top bits of the length
 // in an open's answer.
 const offsetShift = 40
-
-// BlockSize is the unit of the checksums in LocalChunk.Sums.
-const BlockSize = 64 << 10
-
-// SlotStride is the distance between a block's places (slots) in a chunk
-// file, and maxSlot the last slot.
-const (
-	SlotStride = 64 << 20
-	maxSlot    = 2
-)
 
 // maxLocalSums bounds the checksums of one chunk (64 MiB in 64 KiB
 // blocks).
@@ -411,22 +392,17 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 		}
 		return nil, 0, false, fmt.Errorf("%w: an open answered without a descriptor or with %d bytes", errProtocol, len(p))
 	}
-	out = &LocalChunk{
+	out = &LocalChunk{Opened: chunk.Opened{
 		File:       os.NewFile(uintptr(fd), "chunk"),
 		Version:    le.Uint64(p[0:]),
 		Length:     int64(le.Uint64(p[8:]) & (1<<offsetShift - 1)),
 		DataOffset: int64(le.Uint64(p[8:]) >> offsetShift),
 		Sums:       make([]uint32, (len(p)-16)/5),
-		Lease:      time.Duration(h.aux) * time.Millisecond,
-	}
+	}, Lease: time.Duration(h.aux) * time.Millisecond}
 	for i := range out.Sums {
 		out.Sums[i] = le.Uint32(p[16+4*i:])
 	}
 	for i, s := range p[16+4*len(out.Sums):] {
-		if s > maxSlot {
-			out.File.Close()
-			return nil, h.id, true, status.Errorf(codes.Internal, "lean data path: block %d of an opened chunk in slot %d", i, s)
-		}
 		if s != 0 && out.Slots == nil {
 			out.Slots = make([]uint8, len(out.Sums))
 		}
@@ -434,9 +410,9 @@ func (lc *localConn) answer(lo, hi uint64) (out *LocalChunk, id uint64, answered
 			out.Slots[i] = s
 		}
 	}
-	if want := (out.Length + BlockSize - 1) / BlockSize; int64(len(out.Sums)) != want {
+	if err := out.Check(); err != nil {
 		out.File.Close()
-		return nil, h.id, true, status.Errorf(codes.Internal, "lean data path: chunk of %d bytes opened with %d checksums", out.Length, len(out.Sums))
+		return nil, h.id, true, status.Errorf(codes.Internal, "lean data path: %v", err)
 	}
 	return out, h.id, true, nil
 }

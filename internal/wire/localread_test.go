@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/fserr"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -47,9 +48,9 @@ func (h *fileHandler) OpenChunkRead(_ context.Context, r *weftv1.ReadChunkReques
 		f.Close()
 		return nil, err
 	}
-	lc := &LocalChunk{File: f, Length: int64(len(data)), Version: 3, Lease: h.lease}
-	for off := 0; off < len(data); off += BlockSize {
-		lc.Sums = append(lc.Sums, crc32.Checksum(data[off:min(off+BlockSize, len(data))], crc32.MakeTable(crc32.Castagnoli)))
+	lc := &LocalChunk{Opened: chunk.Opened{File: f, Length: int64(len(data)), Version: 3}, Lease: h.lease}
+	for off := 0; off < len(data); off += chunk.BlockSize {
+		lc.Sums = append(lc.Sums, crc32.Checksum(data[off:min(off+chunk.BlockSize, len(data))], crc32.MakeTable(crc32.Castagnoli)))
 	}
 	return lc, nil
 }

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -21,8 +20,8 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Handler serves the requests of the lean data path. The data server's
-// gRPC handlers are one: both paths run the same code.
+// Handler serves the requests of the lean data path: a data server's
+// chunk I/O, which no other protocol carries.
 type Handler interface {
 	WriteChunk(ctx context.Context, req *weftv1.WriteChunkRequest) (*weftv1.WriteChunkResponse, error)
 	ReadChunk(ctx context.Context, req *weftv1.ReadChunkRequest) (*weftv1.ReadChunkResponse, error)
@@ -34,13 +33,6 @@ type Handler interface {
 // buf back with PutBuffer once the answer is sent.
 type PooledReader interface {
 	ReadChunkPooled(ctx context.Context, req *weftv1.ReadChunkRequest) (data, buf []byte, err error)
-}
-
-// AllocReader is implemented by a Handler that can read into a buffer
-// the caller gives (alloc returns one of n bytes): chunk reads into a
-// client's shared arena (opReadShm) land in it without a copy.
-type AllocReader interface {
-	ReadChunkAlloc(ctx context.Context, req *weftv1.ReadChunkRequest, alloc func(n int) []byte) (data, buf []byte, err error)
 }
 
 // BatchHandler serves batches of meta service calls (opMetaBatch): the
@@ -194,9 +186,6 @@ type serverConn struct {
 	running sync.WaitGroup // requests being handled
 	done    chan struct{}  // closed when the connection is finished
 
-	fds   *fdReader  // Unix socket: descriptors received
-	arena *peerArena // the client's shared arena, once attached
-
 	// inlineOff: quick batches are not served inline before then (only
 	// the goroutine reading the connection touches it).
 	inlineOff time.Time
@@ -235,12 +224,7 @@ func (c *serverConn) run() {
 		// round trips through the scheduler.
 		uc.SetWriteBuffer(unixBuffer)
 	}
-	var r io.Reader = c.nc
-	if uc, ok := c.nc.(*net.UnixConn); ok {
-		c.fds = &fdReader{uc: uc}
-		r = c.fds
-	}
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := bufio.NewReaderSize(c.nc, 64<<10)
 	var pre [8]byte
 	if err := readFull(br, pre[:]); err != nil {
 		return
@@ -265,8 +249,6 @@ func (c *serverConn) run() {
 // the requests under way and lets go of everything.
 func (c *serverConn) finish() {
 	c.running.Wait()
-	c.arena.unmap()
-	c.fds.closeAll()
 	c.nc.Close()
 	c.s.mu.Lock()
 	delete(c.s.conns, c)
@@ -307,10 +289,6 @@ func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 			c.mu.Unlock()
 			continue
 		}
-		if h.op == opAttach {
-			c.respond(h.id, c.attach(), 0, 0, nil)
-			continue
-		}
 		if (h.op == opMetaBatch) != (c.s.h == nil) {
 			// A chunk request to a meta server, or a batch to a data
 			// server: refused, the connection goes on.
@@ -335,23 +313,6 @@ func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 			c.openChunk(h.id, getRead(meta[:]), le.Uint32(meta[44:])&flagVerify != 0)
 			continue
 		}
-		var shmData, shmDst []byte
-		switch h.op {
-		case opWriteShm, opReadShm:
-			m := meta[:h.metaLen]
-			var ok bool
-			b, ok := c.arena.slice(le.Uint64(m[len(m)-16:]), le.Uint64(m[len(m)-8:]))
-			if !ok {
-				c.respond(h.id, status.Errorf(codes.InvalidArgument,
-					"lean data path: the request names bytes outside the shared arena (none attached, or a client bug)"), 0, 0, nil)
-				continue
-			}
-			if h.op == opWriteShm {
-				shmData = b
-			} else {
-				shmDst = b
-			}
-		}
 		var payload []byte
 		if h.payloadLen > 0 {
 			payload = GetBuffer(h.payloadLen)
@@ -374,9 +335,7 @@ func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 		switch h.op {
 		case opWriteChunk:
 			req = getWrite(meta[:], payload)
-		case opWriteShm:
-			req = getWrite(meta[:], shmData)
-		case opReadChunk, opReadShm:
+		case opReadChunk:
 			req = getRead(meta[:])
 		case opSyncFile:
 			req = getSync(meta[:])
@@ -386,7 +345,7 @@ func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 		if mb, ok := req.(*metaBatch); ok && c.s.quick(mb) && time.Now().After(c.inlineOff) {
 			start := time.Now()
 			if c.serveInline(br, func(handOff func()) {
-				c.handle(context.WithValue(ctx, inlineKey{}, handOff), cancel, h, req, payload, shmDst)
+				c.handle(context.WithValue(ctx, inlineKey{}, handOff), cancel, h, req, payload)
 			}) {
 				return true
 			}
@@ -395,7 +354,7 @@ func (c *serverConn) readLoop(br *bufio.Reader) (handedOff bool) {
 			}
 			continue
 		}
-		go c.handle(ctx, cancel, h, req, payload, shmDst)
+		go c.handle(ctx, cancel, h, req, payload)
 	}
 }
 
@@ -447,33 +406,7 @@ func (s *Server) identityPreface() []byte {
 }
 
 // maxFixedMeta is the largest request field block.
-const maxFixedMeta = writeShmMetaLen
-
-// attach maps the client's arena, whose descriptor came with the
-// opAttach frame.
-func (c *serverConn) attach() error {
-	fd := c.fds.take()
-	switch {
-	case c.s.h == nil:
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		return status.Error(codes.Unimplemented, "lean path: a meta server takes no shared arena")
-	case fd < 0:
-		return status.Error(codes.InvalidArgument, "lean data path: attach without a descriptor (only over the Unix socket)")
-	case c.arena != nil:
-		unix.Close(fd)
-		return status.Error(codes.AlreadyExists, "lean data path: an arena is already attached to this connection")
-	}
-	a, err := mapPeerArena(fd)
-	if err != nil {
-		c.s.log.Warn("lean data path: a client's shared arena could not be mapped; it sends data through the socket",
-			"err", err)
-		return status.Errorf(codes.FailedPrecondition, "lean data path: map the shared arena: %v", err)
-	}
-	c.arena = a
-	return nil
-}
+const maxFixedMeta = writeMetaLen
 
 func (c *serverConn) readFailed(err error) {
 	if err == io.EOF || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -487,7 +420,7 @@ func (c *serverConn) readFailed(err error) {
 }
 
 // handle runs one request and sends its answer.
-func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h header, req any, payload, dst []byte) {
+func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h header, req any, payload []byte) {
 	defer func() {
 		c.mu.Lock()
 		delete(c.cancels, h.id)
@@ -501,11 +434,6 @@ func (c *serverConn) handle(ctx context.Context, cancel context.CancelFunc, h he
 		flags uint32
 		data  []byte
 	)
-	if r, ok := req.(*weftv1.ReadChunkRequest); ok && dst != nil {
-		n, err := c.readInto(ctx, r, dst)
-		c.respond(h.id, err, 0, uint32(n), nil)
-		return
-	}
 	switch r := req.(type) {
 	case *weftv1.WriteChunkRequest:
 		var resp *weftv1.WriteChunkResponse
@@ -576,46 +504,6 @@ func (c *serverConn) batch(ctx context.Context, mb *metaBatch) ([]byte, error) {
 func skipPayload(br *bufio.Reader, n int) error {
 	_, err := br.Discard(n)
 	return err
-}
-
-// readInto serves a read into dst (the client's arena) and returns how
-// many bytes it placed there.
-func (c *serverConn) readInto(ctx context.Context, r *weftv1.ReadChunkRequest, dst []byte) (int, error) {
-	if int(r.GetLength()) > len(dst) {
-		return 0, status.Errorf(codes.InvalidArgument, "lean data path: read of %d bytes into %d of the shared arena", r.GetLength(), len(dst))
-	}
-	var data, buf []byte
-	var err error
-	if ar, ok := c.s.h.(AllocReader); ok {
-		data, buf, err = ar.ReadChunkAlloc(ctx, r, func(n int) []byte {
-			if n <= len(dst) {
-				return dst[:n]
-			}
-			return GetBuffer(n)
-		})
-		if buf != nil && !sameStart(buf, dst) {
-			defer PutBuffer(buf)
-		}
-	} else {
-		var resp *weftv1.ReadChunkResponse
-		resp, err = c.s.h.ReadChunk(ctx, r)
-		data = resp.GetData()
-	}
-	if err != nil {
-		return 0, err
-	}
-	if len(data) > len(dst) {
-		return 0, status.Errorf(codes.Internal, "lean data path: read answered %d bytes for %d asked", len(data), len(dst))
-	}
-	if !sameStart(data, dst) {
-		copy(dst, data)
-	}
-	return len(data), nil
-}
-
-// sameStart reports whether a and b start at the same byte.
-func sameStart(a, b []byte) bool {
-	return len(a) > 0 && len(b) > 0 && &a[0] == &b[0]
 }
 
 // respond sends the answer to request id; aux goes into the header.

@@ -1546,15 +1546,11 @@ const file_proto_weft_v1_data_proto_rawDesc = "" +
 	"\n" +
 	"target_dir\x18\x03 \x01(\tR\ttargetDir\x12\x18\n" +
 	"\aproblem\x18\x04 \x01(\tR\aproblem\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason2\xed\x04\n" +
-	"\x04Data\x12E\n" +
-	"\n" +
-	"WriteChunk\x12\x1a.weft.v1.WriteChunkRequest\x1a\x1b.weft.v1.WriteChunkResponse\x12B\n" +
-	"\tReadChunk\x12\x19.weft.v1.ReadChunkRequest\x1a\x1a.weft.v1.ReadChunkResponse\x12K\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason2\xa1\x03\n" +
+	"\x04Data\x12K\n" +
 	"\fTruncateFile\x12\x1c.weft.v1.TruncateFileRequest\x1a\x1d.weft.v1.TruncateFileResponse\x12E\n" +
 	"\n" +
-	"DeleteFile\x12\x1a.weft.v1.DeleteFileRequest\x1a\x1b.weft.v1.DeleteFileResponse\x12?\n" +
-	"\bSyncFile\x12\x18.weft.v1.SyncFileRequest\x1a\x19.weft.v1.SyncFileResponse\x12E\n" +
+	"DeleteFile\x12\x1a.weft.v1.DeleteFileRequest\x1a\x1b.weft.v1.DeleteFileResponse\x12E\n" +
 	"\n" +
 	"ListChunks\x12\x1a.weft.v1.ListChunksRequest\x1a\x1b.weft.v1.ListChunksResponse\x12B\n" +
 	"\rReadFullChunk\x12\x1d.weft.v1.ReadFullChunkRequest\x1a\x12.weft.v1.FullChunk\x12B\n" +
@@ -1608,26 +1604,20 @@ var file_proto_weft_v1_data_proto_depIdxs = []int32{
 	14, // 7: weft.v1.PushChunkRequest.chunk:type_name -> weft.v1.FullChunk
 	20, // 8: weft.v1.ScrubResponse.unrepaired:type_name -> weft.v1.UnrepairedChunk
 	0,  // 9: weft.v1.UnrepairedChunk.chunk:type_name -> weft.v1.ChunkID
-	1,  // 10: weft.v1.Data.WriteChunk:input_type -> weft.v1.WriteChunkRequest
-	3,  // 11: weft.v1.Data.ReadChunk:input_type -> weft.v1.ReadChunkRequest
-	5,  // 12: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
-	7,  // 13: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
-	9,  // 14: weft.v1.Data.SyncFile:input_type -> weft.v1.SyncFileRequest
-	12, // 15: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
-	15, // 16: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
-	16, // 17: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
-	18, // 18: weft.v1.Data.Scrub:input_type -> weft.v1.ScrubRequest
-	2,  // 19: weft.v1.Data.WriteChunk:output_type -> weft.v1.WriteChunkResponse
-	4,  // 20: weft.v1.Data.ReadChunk:output_type -> weft.v1.ReadChunkResponse
-	6,  // 21: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
-	8,  // 22: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
-	10, // 23: weft.v1.Data.SyncFile:output_type -> weft.v1.SyncFileResponse
-	13, // 24: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
-	14, // 25: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
-	17, // 26: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
-	19, // 27: weft.v1.Data.Scrub:output_type -> weft.v1.ScrubResponse
-	19, // [19:28] is the sub-list for method output_type
-	10, // [10:19] is the sub-list for method input_type
+	5,  // 10: weft.v1.Data.TruncateFile:input_type -> weft.v1.TruncateFileRequest
+	7,  // 11: weft.v1.Data.DeleteFile:input_type -> weft.v1.DeleteFileRequest
+	12, // 12: weft.v1.Data.ListChunks:input_type -> weft.v1.ListChunksRequest
+	15, // 13: weft.v1.Data.ReadFullChunk:input_type -> weft.v1.ReadFullChunkRequest
+	16, // 14: weft.v1.Data.PushChunk:input_type -> weft.v1.PushChunkRequest
+	18, // 15: weft.v1.Data.Scrub:input_type -> weft.v1.ScrubRequest
+	6,  // 16: weft.v1.Data.TruncateFile:output_type -> weft.v1.TruncateFileResponse
+	8,  // 17: weft.v1.Data.DeleteFile:output_type -> weft.v1.DeleteFileResponse
+	13, // 18: weft.v1.Data.ListChunks:output_type -> weft.v1.ListChunksResponse
+	14, // 19: weft.v1.Data.ReadFullChunk:output_type -> weft.v1.FullChunk
+	17, // 20: weft.v1.Data.PushChunk:output_type -> weft.v1.PushChunkResponse
+	19, // 21: weft.v1.Data.Scrub:output_type -> weft.v1.ScrubResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name

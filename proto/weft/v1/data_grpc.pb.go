@@ -19,11 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Data_WriteChunk_FullMethodName    = "/weft.v1.Data/WriteChunk"
-	Data_ReadChunk_FullMethodName     = "/weft.v1.Data/ReadChunk"
 	Data_TruncateFile_FullMethodName  = "/weft.v1.Data/TruncateFile"
 	Data_DeleteFile_FullMethodName    = "/weft.v1.Data/DeleteFile"
-	Data_SyncFile_FullMethodName      = "/weft.v1.Data/SyncFile"
 	Data_ListChunks_FullMethodName    = "/weft.v1.Data/ListChunks"
 	Data_ReadFullChunk_FullMethodName = "/weft.v1.Data/ReadFullChunk"
 	Data_PushChunk_FullMethodName     = "/weft.v1.Data/PushChunk"
@@ -34,13 +31,14 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Data is a storage server's chunk service.
+// Data is a storage server's service of everything but chunk I/O: chunk
+// writes, reads and syncs (WriteChunkRequest, ReadChunkRequest,
+// SyncFileRequest and their responses) travel only on the lean protocol
+// of package internal/wire, on the same port (data/README.md, "Why one
+// protocol").
 type DataClient interface {
-	WriteChunk(ctx context.Context, in *WriteChunkRequest, opts ...grpc.CallOption) (*WriteChunkResponse, error)
-	ReadChunk(ctx context.Context, in *ReadChunkRequest, opts ...grpc.CallOption) (*ReadChunkResponse, error)
 	TruncateFile(ctx context.Context, in *TruncateFileRequest, opts ...grpc.CallOption) (*TruncateFileResponse, error)
 	DeleteFile(ctx context.Context, in *DeleteFileRequest, opts ...grpc.CallOption) (*DeleteFileResponse, error)
-	SyncFile(ctx context.Context, in *SyncFileRequest, opts ...grpc.CallOption) (*SyncFileResponse, error)
 	// Replication between chain members.
 	ListChunks(ctx context.Context, in *ListChunksRequest, opts ...grpc.CallOption) (*ListChunksResponse, error)
 	ReadFullChunk(ctx context.Context, in *ReadFullChunkRequest, opts ...grpc.CallOption) (*FullChunk, error)
@@ -57,26 +55,6 @@ func NewDataClient(cc grpc.ClientConnInterface) DataClient {
 	return &dataClient{cc}
 }
 
-func (c *dataClient) WriteChunk(ctx context.Context, in *WriteChunkRequest, opts ...grpc.CallOption) (*WriteChunkResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(WriteChunkResponse)
-	err := c.cc.Invoke(ctx, Data_WriteChunk_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *dataClient) ReadChunk(ctx context.Context, in *ReadChunkRequest, opts ...grpc.CallOption) (*ReadChunkResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ReadChunkResponse)
-	err := c.cc.Invoke(ctx, Data_ReadChunk_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 func (c *dataClient) TruncateFile(ctx context.Context, in *TruncateFileRequest, opts ...grpc.CallOption) (*TruncateFileResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(TruncateFileResponse)
@@ -91,16 +69,6 @@ func (c *dataClient) DeleteFile(ctx context.Context, in *DeleteFileRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteFileResponse)
 	err := c.cc.Invoke(ctx, Data_DeleteFile_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *dataClient) SyncFile(ctx context.Context, in *SyncFileRequest, opts ...grpc.CallOption) (*SyncFileResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(SyncFileResponse)
-	err := c.cc.Invoke(ctx, Data_SyncFile_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -151,13 +119,14 @@ func (c *dataClient) Scrub(ctx context.Context, in *ScrubRequest, opts ...grpc.C
 // All implementations must embed UnimplementedDataServer
 // for forward compatibility.
 //
-// Data is a storage server's chunk service.
+// Data is a storage server's service of everything but chunk I/O: chunk
+// writes, reads and syncs (WriteChunkRequest, ReadChunkRequest,
+// SyncFileRequest and their responses) travel only on the lean protocol
+// of package internal/wire, on the same port (data/README.md, "Why one
+// protocol").
 type DataServer interface {
-	WriteChunk(context.Context, *WriteChunkRequest) (*WriteChunkResponse, error)
-	ReadChunk(context.Context, *ReadChunkRequest) (*ReadChunkResponse, error)
 	TruncateFile(context.Context, *TruncateFileRequest) (*TruncateFileResponse, error)
 	DeleteFile(context.Context, *DeleteFileRequest) (*DeleteFileResponse, error)
-	SyncFile(context.Context, *SyncFileRequest) (*SyncFileResponse, error)
 	// Replication between chain members.
 	ListChunks(context.Context, *ListChunksRequest) (*ListChunksResponse, error)
 	ReadFullChunk(context.Context, *ReadFullChunkRequest) (*FullChunk, error)
@@ -174,20 +143,11 @@ type DataServer interface {
 // pointer dereference when methods are called.
 type UnimplementedDataServer struct{}
 
-func (UnimplementedDataServer) WriteChunk(context.Context, *WriteChunkRequest) (*WriteChunkResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method WriteChunk not implemented")
-}
-func (UnimplementedDataServer) ReadChunk(context.Context, *ReadChunkRequest) (*ReadChunkResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method ReadChunk not implemented")
-}
 func (UnimplementedDataServer) TruncateFile(context.Context, *TruncateFileRequest) (*TruncateFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TruncateFile not implemented")
 }
 func (UnimplementedDataServer) DeleteFile(context.Context, *DeleteFileRequest) (*DeleteFileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteFile not implemented")
-}
-func (UnimplementedDataServer) SyncFile(context.Context, *SyncFileRequest) (*SyncFileResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method SyncFile not implemented")
 }
 func (UnimplementedDataServer) ListChunks(context.Context, *ListChunksRequest) (*ListChunksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListChunks not implemented")
@@ -222,42 +182,6 @@ func RegisterDataServer(s grpc.ServiceRegistrar, srv DataServer) {
 	s.RegisterService(&Data_ServiceDesc, srv)
 }
 
-func _Data_WriteChunk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(WriteChunkRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(DataServer).WriteChunk(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Data_WriteChunk_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(DataServer).WriteChunk(ctx, req.(*WriteChunkRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _Data_ReadChunk_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ReadChunkRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(DataServer).ReadChunk(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Data_ReadChunk_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(DataServer).ReadChunk(ctx, req.(*ReadChunkRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 func _Data_TruncateFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TruncateFileRequest)
 	if err := dec(in); err != nil {
@@ -290,24 +214,6 @@ func _Data_DeleteFile_Handler(srv interface{}, ctx context.Context, dec func(int
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(DataServer).DeleteFile(ctx, req.(*DeleteFileRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _Data_SyncFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(SyncFileRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(DataServer).SyncFile(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Data_SyncFile_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(DataServer).SyncFile(ctx, req.(*SyncFileRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -392,24 +298,12 @@ var Data_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*DataServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
-			MethodName: "WriteChunk",
-			Handler:    _Data_WriteChunk_Handler,
-		},
-		{
-			MethodName: "ReadChunk",
-			Handler:    _Data_ReadChunk_Handler,
-		},
-		{
 			MethodName: "TruncateFile",
 			Handler:    _Data_TruncateFile_Handler,
 		},
 		{
 			MethodName: "DeleteFile",
 			Handler:    _Data_DeleteFile_Handler,
-		},
-		{
-			MethodName: "SyncFile",
-			Handler:    _Data_SyncFile_Handler,
 		},
 		{
 			MethodName: "ListChunks",
