@@ -3,7 +3,11 @@ package archtest
 import (
 	"bufio"
 	"bytes"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -105,3 +109,46 @@ func TestPackageDocs(t *testing.T) {
 		}
 	}
 }
+
+// maxFileLines is the most lines a hand-written production file may have:
+// a file past it holds more than one noun and is split by them.
+const maxFileLines = 600
+
+// TestFileSizes checks that no hand-written production Go file is longer
+// than maxFileLines. Tests and generated code are exempt.
+func TestFileSizes(t *testing.T) {
+	root := "../.."
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		name := d.Name()
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if generated.MatchString(string(b[:min(len(b), 4096)])) {
+			return nil
+		}
+		if n := bytes.Count(b, []byte("\n")); n > maxFileLines {
+			rel, _ := filepath.Rel(root, path)
+			t.Errorf("%s has %d lines: split it by noun (at most %d lines a file)", rel, n, maxFileLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk the module: %v", err)
+	}
+}
+
+// generated matches the line Go's convention puts in generated files.
+var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
