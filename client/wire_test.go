@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/weft-fs/weft/internal/testservers"
+	"github.com/weft-fs/weft/internal/testcluster"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -98,8 +98,8 @@ func TestChunkIOOverWire(t *testing.T) {
 // writes forwarded between them in either direction work.
 func TestChunkIOMixedPaths(t *testing.T) {
 	layout := &weftv1.Layout{ChunkSize: 1 << 20, StripeCount: 4, Replicas: 2}
-	o := testservers.Options{DataServers: 2, Layout: layout,
-		// A server behind a front has no lean data path (testservers):
+	o := testcluster.Options{DataServers: 2, Layout: layout,
+		// A server behind a front has no lean data path (testcluster):
 		// no wire address is reported.
 		Front: func(i int, addr string) (string, func()) {
 			if i == 0 {
@@ -110,7 +110,7 @@ func TestChunkIOMixedPaths(t *testing.T) {
 	if testing.Verbose() {
 		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	srv := testservers.Start(t, o)
+	srv := testcluster.Start(t, o)
 	c, counts := pathCountingClient(t, srv.MetaAddr())
 	r := newTestClient(t, srv.MetaAddr(), Config{})
 	writeReadBack(t, c, r, "mixed")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/internal/testcluster"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // mountProcess is a weft command that mounts (weft mount, weft loopback)
@@ -99,7 +100,7 @@ func (m *mountProcess) stop(t *testing.T) {
 
 func TestTwoMountsCloseToOpen(t *testing.T) {
 	needFUSE(t)
-	c := testcluster.Start(t, testcluster.Options{DataServers: 2, ChunkSize: 64 << 10, StripeCount: 2})
+	c := testcluster.Start(t, testcluster.Options{DataServers: 2, Layout: &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2}})
 	base := t.TempDir()
 	t.Cleanup(func() { cleanupUnder(base) })
 	a := startMount(t, c.MetaAddr(), filepath.Join(base, "a"))
