@@ -78,6 +78,23 @@ func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clust
 	return tc
 }
 
+// fsckFindsOnlyCorruptChunks is for a test that corrupts chunks on
+// purpose: it checks that fsck reports corrupt chunks and nothing else.
+func (tc *testCluster) fsckFindsOnlyCorruptChunks() {
+	tc.t.Helper()
+	tc.LeavesDamage()
+	r := tc.Fsck(false)
+	if len(r.GetProblems()) == 0 {
+		tc.t.Error("fsck finds nothing, want the corrupt chunks")
+	}
+	for _, p := range r.GetProblems() {
+		if p.GetKind() != "corrupt_chunk" {
+			tc.t.Errorf("fsck finds more than corrupt chunks:\n%s", testcluster.DescribeFsck(r))
+			break
+		}
+	}
+}
+
 // startMeta starts the meta service again, on the same address.
 func (tc *testCluster) startMeta() { tc.StartMeta() }
 
