@@ -3,18 +3,23 @@ package testcluster
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"testing"
 	"time"
 
+	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// LeavesDamage declares that the test damages the cluster on purpose
-// (corrupts chunks, drops records): the fsck at its end does not fail it.
-// Such a test checks Fsck's findings itself.
-func (c *Cluster) LeavesDamage() {
+// LeavesDamage declares that the test leaves the cluster damaged on
+// purpose (corrupt chunks, a broken disk or network) in ways fsck
+// reports as findings of the given kinds (e.g. "corrupt_chunk",
+// "chain_not_checked"): the fsck at its end accepts those, and fails the
+// test on any other finding.
+func (c *Cluster) LeavesDamage(kinds ...string) {
 	c.mu.Lock()
-	c.damaged = true
+	c.damage = append(c.damage, kinds...)
 	c.mu.Unlock()
 }
 
@@ -22,30 +27,53 @@ func (c *Cluster) LeavesDamage() {
 // its answer.
 func (c *Cluster) Fsck(repair bool) *weftv1.FsckResponse {
 	c.t.Helper()
-	svc := c.Meta()
-	if svc == nil {
-		c.t.Fatal("testcluster: fsck: the meta service is stopped")
+	return Fsck(c.t, c.MetaAddr(), repair)
+}
+
+// Fsck runs the fsck of the meta service at addr (with repair if asked)
+// and returns its answer; an error fails the test.
+func Fsck(t testing.TB, addr string, repair bool) *weftv1.FsckResponse {
+	t.Helper()
+	cc, err := rpc.Dial(addr)
+	if err != nil {
+		t.Fatalf("testcluster: fsck: %v", err)
 	}
+	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r, err := svc.Fsck(ctx, &weftv1.FsckRequest{Repair: repair})
+	r, err := weftv1.NewMetaClient(cc).Fsck(ctx, &weftv1.FsckRequest{Repair: repair})
 	if err != nil {
-		c.t.Fatalf("testcluster: fsck: %v", err)
+		t.Fatalf("testcluster: fsck of the meta service at %s: %v", addr, err)
 	}
 	return r
 }
 
-// checkFsck unmounts, then runs fsck and fails the test on any finding,
-// unless the test failed already, declared LeavesDamage, or left the
-// meta service stopped; servers left stopped are started first, so that
-// their chunks are checked.
+// CheckFsck runs the fsck of the meta service at addr and fails the test
+// if it finds anything but findings of the kinds the test declared it
+// leaves (see LeavesDamage).
+func CheckFsck(t testing.TB, addr string, damage ...string) {
+	t.Helper()
+	r := Fsck(t, addr, false)
+	for _, p := range r.GetProblems() {
+		if !slices.Contains(damage, p.GetKind()) || r.GetProblemsNotListed() > 0 {
+			t.Errorf("testcluster: fsck at the end of the test found %d problems (damage the test leaves on purpose: %q):\n%s",
+				len(r.GetProblems())+int(r.GetProblemsNotListed()), damage, DescribeFsck(r))
+			return
+		}
+	}
+}
+
+// checkFsck unmounts, then runs fsck and fails the test on any finding
+// but of the kinds declared with LeavesDamage, unless the test failed
+// already or left the meta service stopped; servers left stopped are
+// started first, so that their chunks are checked.
 func (c *Cluster) checkFsck() {
 	c.t.Helper()
 	c.stopMounts()
 	c.mu.Lock()
-	skip := c.damaged || c.metaStop == nil
+	stopped, damage := c.metaStop == nil, c.damage
 	c.mu.Unlock()
-	if skip || c.t.Failed() {
+	if stopped || c.t.Failed() {
 		return
 	}
 	for i, ds := range c.data {
@@ -57,10 +85,7 @@ func (c *Cluster) checkFsck() {
 		}
 	}
 	c.WaitOnline(len(c.data))
-	if r := c.Fsck(false); len(r.GetProblems()) > 0 || r.GetProblemsNotListed() > 0 {
-		c.t.Errorf("testcluster: fsck at the end of the test found %d problems (a test that damages the cluster on purpose calls LeavesDamage):\n%s",
-			len(r.GetProblems())+int(r.GetProblemsNotListed()), DescribeFsck(r))
-	}
+	CheckFsck(c.t, c.MetaAddr(), damage...)
 }
 
 // DescribeFsck lists fsck's findings, one a line.

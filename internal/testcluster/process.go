@@ -14,8 +14,8 @@ import (
 	"time"
 )
 
-// binary is the weft binary built for this test process (see Main).
-var binary struct {
+// weftBin is the weft binary built for this test process (see Main).
+var weftBin struct {
 	dir  string // set by Main: where to build it
 	once sync.Once
 	path string
@@ -33,7 +33,7 @@ func Main(m interface{ Run() int }) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	binary.dir = dir
+	weftBin.dir = dir
 	return m.Run()
 }
 
@@ -42,23 +42,23 @@ func Main(m interface{ Run() int }) int {
 // TestMain does not call Main).
 func Binary(t testing.TB) string {
 	t.Helper()
-	binary.once.Do(func() {
-		if binary.dir == "" {
-			binary.err = fmt.Errorf("the package's TestMain must call testcluster.Main")
+	weftBin.once.Do(func() {
+		if weftBin.dir == "" {
+			weftBin.err = fmt.Errorf("the package's TestMain must call testcluster.Main")
 			return
 		}
-		p := filepath.Join(binary.dir, "weft")
+		p := filepath.Join(weftBin.dir, "weft")
 		out, err := exec.Command("go", "build", "-o", p, "github.com/weft-fs/weft/cmd/weft").CombinedOutput()
 		if err != nil {
-			binary.err = fmt.Errorf("go build ./cmd/weft: %v\n%s", err, out)
+			weftBin.err = fmt.Errorf("go build ./cmd/weft: %v\n%s", err, out)
 			return
 		}
-		binary.path = p
+		weftBin.path = p
 	})
-	if binary.err != nil {
-		t.Fatalf("testcluster: the weft binary: %v", binary.err)
+	if weftBin.err != nil {
+		t.Fatalf("testcluster: the weft binary: %v", weftBin.err)
 	}
-	return binary.path
+	return weftBin.path
 }
 
 // NeedFUSE skips a test that mounts when this machine cannot.
@@ -99,6 +99,14 @@ type ProcOptions struct {
 // StartProc runs the weft binary with args.
 func StartProc(t testing.TB, name string, o ProcOptions, args ...string) *Proc {
 	t.Helper()
+	p := startProc(t, name, o, args...)
+	t.Cleanup(func() { p.Kill(t, syscall.SIGKILL) })
+	return p
+}
+
+// startProc is StartProc without the cleanup.
+func startProc(t testing.TB, name string, o ProcOptions, args ...string) *Proc {
+	t.Helper()
 	exe := Binary(t)
 	p := &Proc{Name: name, Cmd: exec.Command(exe, args...), done: make(chan struct{})}
 	var logf *os.File
@@ -128,7 +136,6 @@ func StartProc(t testing.TB, name string, o ProcOptions, args ...string) *Proc {
 		}
 		close(p.done)
 	}()
-	t.Cleanup(func() { p.Kill(t, syscall.SIGKILL) })
 	return p
 }
 

@@ -63,6 +63,13 @@ func (c *Cluster) StartMeta() {
 	if running {
 		c.t.Fatal("testcluster: the meta service is running")
 	}
+	if c.opts.Processes {
+		addr, stop := c.startMetaProc(addr)
+		c.mu.Lock()
+		c.metaAddr, c.metaStop = addr, stop
+		c.mu.Unlock()
+		return
+	}
 	var lis net.Listener
 	var err error
 	for range 50 {
@@ -161,6 +168,13 @@ func (c *Cluster) StartData(i int) {
 	}
 	if addr == "" || !c.opts.KeepDataAddrs {
 		addr = "127.0.0.1:0"
+	}
+	if c.opts.Processes {
+		addr, stop := c.startDataProc(i, addr)
+		c.mu.Lock()
+		ds.addr, ds.stop = addr, stop
+		c.mu.Unlock()
+		return
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {

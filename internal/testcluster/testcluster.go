@@ -1,14 +1,15 @@
 // Package testcluster is the one test cluster of weft: a meta service
-// (on the embedded engine or on a real etcd) and data servers running the
-// same Open/Serve code as the daemons, over real gRPC on 127.0.0.1
-// listeners, with their state in the test's temporary directory. The
-// file system is mounted by the weft binary's own "weft mount", and the
-// package starts and kills weft processes for the tests that run a whole
-// cluster as processes (see Proc).
+// (on the embedded engine or on a real etcd) and data servers, either in
+// the test process, running the same Open/Serve code as the daemons over
+// real gRPC on 127.0.0.1 listeners, or as "weft meta" and "weft data"
+// processes (Options.Processes) that a test can kill; their state is in
+// the test's temporary directory. The file system is mounted by the weft
+// binary's own "weft mount". Proc starts any other weft process a test
+// needs.
 //
 // When the test ends, Start's cleanup unmounts, runs the meta service's
-// fsck, fails the test on any finding (unless the test declared with
-// LeavesDamage that it damages the cluster on purpose) and stops
+// fsck, fails the test on any finding (but of the kinds the test
+// declared with LeavesDamage that it leaves on purpose) and stops
 // everything.
 //
 // It does not import client or mount: their in-package tests use it.
@@ -82,6 +83,11 @@ type Options struct {
 	// service's engine, the data servers' targets); default the local
 	// one. With a *disk.Mem, PowerLoss simulates a power loss.
 	FS disk.FS
+	// Processes runs the servers as processes of the weft binary ("weft
+	// meta", "weft data", see Main) instead of in this process, their
+	// output in Dir()/logs: KillData and KillMeta can crash them. FS
+	// cannot be set then, and Meta and DataServer are nil.
+	Processes bool
 	// Mount mounts the file system with "weft mount" (see Mount) in the
 	// cluster's directory, skipping the test without FUSE; MountArgs are
 	// its extra flags.
@@ -106,7 +112,9 @@ type Cluster struct {
 	metaStop func() error // nil while stopped
 	data     []*dataServer
 	mounts   []*mounted
-	damaged  bool
+	damage   []string         // fsck findings the test leaves on purpose
+	procs    map[string]*Proc // with Processes: the current one of each server
+	allProcs []*Proc          // with Processes: every one started
 }
 
 // dataServer is one in-process data server.
@@ -143,7 +151,10 @@ func Start(t testing.TB, opts Options) *Cluster {
 		t.Cleanup(closeLog)
 	}
 	// The directory first: its removal must run after the servers stop.
-	c := &Cluster{t: t, opts: opts, dir: t.TempDir()}
+	c := &Cluster{t: t, opts: opts, dir: t.TempDir(), procs: map[string]*Proc{}}
+	if opts.Processes && opts.FS != nil {
+		t.Fatal("testcluster: Options.FS needs servers in process (not Processes)")
+	}
 	if opts.Engine == EngineEtcd {
 		c.etcd = etcdtest.Start(t)
 	} else if opts.Engine != EnginePebble {
@@ -155,6 +166,7 @@ func Start(t testing.TB, opts Options) *Cluster {
 		cancel()
 		c.wg.Wait()
 	})
+	t.Cleanup(c.killProcs)
 	c.startServers()
 	// Registered after the servers' shutdown, so run before it; and
 	// before the mounts', so run after them.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,6 +99,40 @@ func TestEngines(t *testing.T) {
 			}
 			if r := c.Fsck(false); len(r.GetProblems()) != 0 {
 				t.Errorf("fsck: %s", DescribeFsck(r))
+			}
+		})
+	}
+}
+
+// TestProcesses runs a replicated cluster as weft processes on each
+// engine, mounted: a data server killed with SIGKILL mid-way loses
+// nothing, and comes back in sync.
+func TestProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts weft processes")
+	}
+	for _, engine := range Engines {
+		t.Run(engine, func(t *testing.T) {
+			c := Start(t, Options{Processes: true, Engine: engine, DataServers: 2, Mount: true,
+				Layout: &weftv1.Layout{Replicas: 2, ChunkSize: 64 << 10}, FailureTimeout: 2 * time.Second})
+			if c.Meta() != nil || c.Proc("data1") == nil {
+				t.Fatal("servers of Processes must run as processes")
+			}
+			a := bytes.Repeat([]byte("before"), 50000)
+			b := bytes.Repeat([]byte("after"), 50000)
+			if err := os.WriteFile(filepath.Join(c.MountDir(), "a"), a, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c.KillData(1, syscall.SIGKILL)
+			if err := os.WriteFile(filepath.Join(c.MountDir(), "b"), b, 0o644); err != nil {
+				t.Fatalf("write with a replica killed: %v", err)
+			}
+			c.StartData(1)
+			c.WaitHealthy()
+			for name, want := range map[string][]byte{"a": a, "b": b} {
+				if got, err := os.ReadFile(filepath.Join(c.MountDir(), name)); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("%s reads back %d bytes (err %v), want %d", name, len(got), err, len(want))
+				}
 			}
 		})
 	}
