@@ -63,9 +63,11 @@ func startUp(t *testing.T, dir, mnt string, args ...string) *upProcess {
 	return u
 }
 
-// stop sends SIGTERM and checks that weft up exits 0 and unmounted.
+// stop runs fsck, which must find nothing, then sends SIGTERM and checks
+// that weft up exits 0 and unmounted.
 func (u *upProcess) stop(t *testing.T) {
 	t.Helper()
+	testcluster.CheckFsck(t, u.metaAddr(t))
 	u.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-u.Done():
