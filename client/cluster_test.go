@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/internal/faultproxy"
-	"github.com/weft-fs/weft/internal/testservers"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // testCluster is a meta service and data servers running in-process.
 type testCluster struct {
-	*testservers.Servers
+	*testcluster.Cluster
 	t        *testing.T
 	ctx      context.Context
 	metaAddr string
@@ -47,7 +47,7 @@ func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clusterOpts) *testCluster {
 	t.Helper()
 	tc := &testCluster{t: t, proxies: make([]*countingProxy, nData)}
-	o := testservers.Options{DataServers: nData, Layout: layout, FailureTimeout: opts.failureTimeout,
+	o := testcluster.Options{DataServers: nData, Layout: layout, FailureTimeout: opts.failureTimeout,
 		SessionLease: opts.sessionLease, OpenGrace: opts.openGrace}
 	if testing.Verbose() {
 		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -73,9 +73,20 @@ func startClusterOpts(t *testing.T, layout *weftv1.Layout, nData int, opts clust
 			return px.Addr(), func() { px.Close() }
 		}
 	}
-	tc.Servers = testservers.Start(t, o)
+	tc.Cluster = testcluster.Start(t, o)
 	tc.ctx, tc.metaAddr, tc.dataDirs = tc.Context(), tc.MetaAddr(), tc.DataDirs()
 	return tc
+}
+
+// fsckFindsOnlyCorruptChunks is for a test that corrupts chunks on
+// purpose: fsck must find them, and the one at the end of the test
+// nothing else.
+func (tc *testCluster) fsckFindsOnlyCorruptChunks() {
+	tc.t.Helper()
+	tc.LeavesDamage("corrupt_chunk")
+	if r := tc.Fsck(false); len(r.GetProblems()) == 0 {
+		tc.t.Error("fsck finds nothing, want the corrupt chunks")
+	}
 }
 
 // startMeta starts the meta service again, on the same address.

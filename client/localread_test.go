@@ -109,6 +109,7 @@ func TestReadInPlace(t *testing.T) {
 		t.Fatalf("read of a chunk whose only copy is bad: %d bytes, err %v; want EIO", n, err)
 	}
 	check("read of a good chunk next to a bad one", g, chunk, chunk)
+	tc.fsckFindsOnlyCorruptChunks()
 }
 
 // A chunk with writes still buffered in this client is read with them

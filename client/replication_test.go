@@ -239,6 +239,7 @@ func TestReadBadCopy(t *testing.T) {
 			t.Fatalf("chunk %d reads wrong bytes", idx)
 		}
 	}
+	tc.fsckFindsOnlyCorruptChunks()
 }
 
 // corrupt flips bytes in the middle of a chunk file.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weft-fs/weft/cluster"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/meta/kv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -93,11 +94,16 @@ type env struct {
 	grace time.Duration // Config.OpenGrace
 	data  *chunkServer
 	s     *Service
+	// engine opens the engine the service runs on (nil: pebble in dir).
+	engine func() kv.Engine
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvEngine(t, nil) }
+
+// newEnvEngine is newEnv on the engines engine opens (nil: pebble).
+func newEnvEngine(t *testing.T, engine func() kv.Engine) *env {
 	t.Helper()
-	e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), lease: time.Minute, data: startChunkServer(t)}
+	e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), lease: time.Minute, data: startChunkServer(t), engine: engine}
 	e.open()
 	t.Cleanup(func() { e.s.Close() })
 	return e
@@ -108,8 +114,13 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // open opens the service in e.dir and registers the data server.
 func (e *env) open() {
 	e.t.Helper()
+	var eng kv.Engine
+	if e.engine != nil {
+		eng = e.engine()
+	}
 	s, err := Open(e.ctx, Config{
 		Dir:          e.dir,
+		Engine:       eng,
 		SessionLease: e.lease,
 		OpenGrace:    e.grace,
 		Cluster:      cluster.Config{Logger: quietLogger()},

@@ -99,20 +99,28 @@ func (m *model) drop(dir uint64, name string) {
 // TestNamespaceModel runs random mkdir/create/link/unlink/rmdir/rename
 // operations against the service and an in-memory model, and after every
 // step compares entries, inode numbers and link counts. Rerun a failure
-// with -model.seed.
+// with -model.seed. It runs on each engine.
 func TestNamespaceModel(t *testing.T) {
 	seed := *modelSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -model.seed=%d)", seed, seed)
+	onEngines(t, func(t *testing.T, newEnv envMaker) { runModel(t, newEnv(t), seed) })
+}
+
+// runModel runs TestNamespaceModel's steps on e.
+func runModel(t *testing.T, e *env, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed))
-	e := newEnv(t)
 	m := &model{nodes: map[uint64]*modelNode{rootIno: {dir: true, parent: rootIno, children: map[string]uint64{}}}}
 	names := []string{"a", "b", "c", "d", "e"}
 	pick := func(s []uint64) uint64 { return s[rng.IntN(len(s))] }
 
-	for step := range *modelSteps {
+	steps := *modelSteps
+	if e.engine != nil {
+		steps /= 10 // every step is a few round trips to etcd
+	}
+	for step := range steps {
 		dir := pick(m.dirs())
 		name := names[rng.IntN(len(names))]
 		existing, exists := m.nodes[dir].children[name]

@@ -17,20 +17,22 @@ type nsCase struct {
 	check func(t *testing.T, e *env, fx fixture)
 }
 
-// runCases runs cases in order against one fixture; cases use distinct
-// names so that they do not disturb each other.
+// runCases runs cases in order against one fixture, on each engine;
+// cases use distinct names so that they do not disturb each other.
 func runCases(t *testing.T, cases []nsCase) {
-	e := newEnv(t)
-	fx := e.fixture()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			e.t = t
-			wantErrno(t, tc.op(e, fx), tc.want)
-			if tc.check != nil && tc.want == 0 {
-				tc.check(t, e, fx)
-			}
-		})
-	}
+	onEngines(t, func(t *testing.T, newEnv envMaker) {
+		e := newEnv(t)
+		fx := e.fixture()
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				e.t = t
+				wantErrno(t, tc.op(e, fx), tc.want)
+				if tc.check != nil && tc.want == 0 {
+					tc.check(t, e, fx)
+				}
+			})
+		}
+	})
 }
 
 func lookupErr(c *weftv1.Caller, parent func(fixture) uint64, name string) func(*env, fixture) error {

@@ -151,24 +151,26 @@ func TestRename(t *testing.T) {
 		{name: "long target name", from: ref{A, "x"}, to: ref{B, string(make([]byte, 256))}, want: syscall.ENAMETOOLONG},
 		{name: "empty target name", from: ref{A, "x"}, to: ref{B, ""}, want: syscall.ENOENT},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
-			r := newRenameTree(e)
-			if tc.setup != nil {
-				tc.setup(t, e, r)
-			}
-			c := tc.c
-			if c == nil {
-				c = alice
-			}
-			err := e.rename(c, tc.from.dir(r), tc.from.name, tc.to.dir(r), tc.to.name, tc.flags)
-			wantErrno(t, err, tc.want)
-			if tc.want == 0 && tc.check != nil {
-				tc.check(t, e, r)
-			}
-		})
-	}
+	onEngines(t, func(t *testing.T, newEnv envMaker) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				e := newEnv(t)
+				r := newRenameTree(e)
+				if tc.setup != nil {
+					tc.setup(t, e, r)
+				}
+				c := tc.c
+				if c == nil {
+					c = alice
+				}
+				err := e.rename(c, tc.from.dir(r), tc.from.name, tc.to.dir(r), tc.to.name, tc.flags)
+				wantErrno(t, err, tc.want)
+				if tc.want == 0 && tc.check != nil {
+					tc.check(t, e, r)
+				}
+			})
+		}
+	})
 }
 
 // TestRenameDirNeedsWriteOnItself checks Linux's rule that moving a

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/client"
-	"github.com/weft-fs/weft/internal/testservers"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // testCluster is a meta service and data servers running in-process.
 type testCluster struct {
-	*testservers.Servers
+	*testcluster.Cluster
 	metaAddr string
 }
 
@@ -24,12 +24,12 @@ type testCluster struct {
 // every data server's chain is in the chain table.
 func startCluster(t *testing.T, layout *weftv1.Layout, nData int) *testCluster {
 	t.Helper()
-	o := testservers.Options{DataServers: nData, Layout: layout}
+	o := testcluster.Options{DataServers: nData, Layout: layout}
 	if testing.Verbose() {
 		o.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	s := testservers.Start(t, o)
-	return &testCluster{Servers: s, metaAddr: s.MetaAddr()}
+	s := testcluster.Start(t, o)
+	return &testCluster{Cluster: s, metaAddr: s.MetaAddr()}
 }
 
 type testWriter struct{ t *testing.T }

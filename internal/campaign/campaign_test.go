@@ -1,37 +1,19 @@
 package campaign
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/weft-fs/weft/internal/testcluster"
 )
-
-// weftBinary is the weft binary built once for this test run.
-var weftBinary string
-
-// weftBuildErr is why it could not be built.
-var weftBuildErr error
 
 func TestMain(m *testing.M) {
 	MaybeSpawner()
-	os.Exit(func() int {
-		tmp, err := os.MkdirTemp("", "weft-campaign-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(tmp)
-		weftBinary = filepath.Join(tmp, "weft")
-		if out, err := exec.Command("go", "build", "-o", weftBinary, "github.com/weft-fs/weft/cmd/weft").CombinedOutput(); err != nil {
-			weftBuildErr = fmt.Errorf("go build ./cmd/weft: %v\n%s", err, out)
-			weftBinary = ""
-		}
-		return m.Run()
-	}())
+	os.Exit(testcluster.Main(m))
 }
 
 // SeedEnv names the environment variable that replays a seed in the
@@ -44,9 +26,6 @@ func runShort(t *testing.T, cfg Config) {
 	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
 		t.Skip("the campaign mounts file systems and kills their servers: run it as root with /dev/fuse")
 	}
-	if weftBinary == "" {
-		t.Fatalf("the weft binary could not be built: %v", weftBuildErr)
-	}
 	if s := os.Getenv(SeedEnv); s != "" {
 		seed, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
@@ -54,7 +33,7 @@ func runShort(t *testing.T, cfg Config) {
 		}
 		cfg.Seed = seed
 	}
-	cfg.Weft, cfg.Dir, cfg.Logf = weftBinary, t.TempDir(), t.Logf
+	cfg.Weft, cfg.Dir, cfg.Logf = testcluster.Binary(t), t.TempDir(), t.Logf
 	start := time.Now()
 	res, err := Run(cfg)
 	if err != nil {

@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,43 +11,25 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/internal/etcdtest"
+	"github.com/weft-fs/weft/internal/testcluster"
 )
 
 // startMetaProcess runs "weft meta" with args plus --dir dir and a free
 // port, waits for its address file and stops it (SIGTERM) at cleanup.
 func startMetaProcess(t *testing.T, dir string, args ...string) string {
 	t.Helper()
-	bin := needWeftBinary(t)
-	var out bytes.Buffer
-	cmd := exec.Command(bin, append([]string{"meta", "--dir", dir, "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
+	p := testcluster.StartProc(t, "weft meta", testcluster.ProcOptions{}, append([]string{"meta", "--dir", dir, "--listen", "127.0.0.1:0"}, args...)...)
+	t.Cleanup(func() { p.Kill(t, syscall.SIGTERM) })
+	addr := ""
+	testcluster.WaitFor(t, "the address file of weft meta", 30*time.Second, func() bool {
+		if !p.Running() {
+			t.Fatalf("weft meta %s exited: %v\n%s", strings.Join(args, " "), p.Err(), p.Output())
 		}
+		var err error
+		addr, err = readAddressFile(dir)
+		return err == nil
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(filepath.Join(dir, "address")); err == nil && len(b) > 0 {
-			return strings.TrimSpace(string(b))
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("weft meta %s exited: %v\n%s", strings.Join(args, " "), err, out.String())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	t.Fatalf("weft meta wrote no address file in 30s:\n%s", out.String())
-	return ""
+	return addr
 }
 
 func runWeft(t *testing.T, args ...string) (code int, stdout, stderr string) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/weft-fs/weft/data/chunk"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -33,43 +34,6 @@ const (
 	failWait = 60 * time.Second
 )
 
-// daemon is one weft process started by a failure test.
-type daemon struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
-
-// running reports whether the process has not exited.
-func (d *daemon) running() bool {
-	select {
-	case <-d.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill sends sig to the process group and waits for the exit (bounded).
-func (d *daemon) kill(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if !d.running() {
-		return
-	}
-	syscall.Kill(-d.cmd.Process.Pid, sig)
-	select {
-	case <-d.done:
-	case <-time.After(15 * time.Second):
-		syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-		select {
-		case <-d.done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("%s (pid %d) does not exit", d.name, d.cmd.Process.Pid)
-		}
-	}
-}
-
 // dataNode is a data server of a failure cluster.
 type dataNode struct {
 	n         int
@@ -78,7 +42,7 @@ type dataNode struct {
 	advertise string
 	metaAddr  string
 	extra     []string
-	proc      *daemon
+	proc      *testcluster.Proc
 }
 
 // failCluster is a cluster of weft processes under one temporary
@@ -88,11 +52,12 @@ type failCluster struct {
 	exe      string
 	base     string
 	metaAddr string
-	meta     *daemon
+	meta     *testcluster.Proc
 	data     []*dataNode
 	mc       weftv1.MetaClient
 	mounts   int
 	metaArgs []string // extra flags of weft meta
+	damage   []string // see leavesDamage
 }
 
 // newFailCluster starts weft meta with short heartbeat and failure
@@ -100,20 +65,12 @@ type failCluster struct {
 // gets dataArgs(i) as extra flags when dataArgs is not nil.
 func newFailCluster(t *testing.T, n int, metaArgs []string, dataArgs func(i int) []string) *failCluster {
 	t.Helper()
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("the failure tests mount several file systems and kill their servers: run them as root")
 	}
-	c := &failCluster{t: t, exe: needWeftBinary(t), base: t.TempDir(), metaArgs: metaArgs}
-	if err := os.MkdirAll(filepath.Join(c.base, "logs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cleanupUnder(c.base)
-		if t.Failed() {
-			logTails(t, filepath.Join(c.base, "logs"))
-		}
-	})
+	c := newProcCluster(t)
+	c.metaArgs = metaArgs
 	metaDir := filepath.Join(c.base, "meta")
 	args := append([]string{"meta", "--dir", metaDir, "--listen", "127.0.0.1:0",
 		"--heartbeat-interval", failHeartbeat.String(), "--failure-timeout", failTimeout.String()}, metaArgs...)
@@ -129,6 +86,8 @@ func newFailCluster(t *testing.T, n int, metaArgs []string, dataArgs func(i int)
 	}
 	t.Cleanup(func() { cc.Close() })
 	c.mc = weftv1.NewMetaClient(cc)
+	// Runs after the mounts' cleanups, before the processes are killed.
+	t.Cleanup(func() { c.checkFsck(c.metaAddr, c.meta.Running()) })
 	for i := 1; i <= n; i++ {
 		var extra []string
 		if dataArgs != nil {
@@ -142,29 +101,54 @@ func newFailCluster(t *testing.T, n int, metaArgs []string, dataArgs func(i int)
 	return c
 }
 
-// start runs the weft binary with args; its output goes to logs/NAME.log.
-func (c *failCluster) start(name string, args ...string) *daemon {
+// newProcCluster makes the directory of a cluster of processes (with its
+// logs), from which everything is killed and unmounted when the test
+// ends.
+func newProcCluster(t *testing.T) *failCluster {
+	t.Helper()
+	c := &failCluster{t: t, exe: testcluster.Binary(t), base: t.TempDir()}
+	if err := os.MkdirAll(filepath.Join(c.base, "logs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		testcluster.CleanupUnder(c.base)
+		if t.Failed() {
+			logTails(t, filepath.Join(c.base, "logs"))
+		}
+	})
+	return c
+}
+
+// leavesDamage declares that the test leaves damage fsck reports as
+// findings of the given kinds (see testcluster.Cluster.LeavesDamage).
+func (c *failCluster) leavesDamage(kinds ...string) { c.damage = append(c.damage, kinds...) }
+
+// checkFsck runs at the end of the test, once the mounts are gone: it
+// starts again the data servers the test left stopped and fails the test
+// if fsck of the meta service at addr finds anything but the declared
+// damage, unless the test failed already or left the meta service
+// stopped (running false).
+func (c *failCluster) checkFsck(addr string, running bool) {
 	c.t.Helper()
-	logf, err := os.OpenFile(filepath.Join(c.base, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
+	if c.t.Failed() || !running {
+		return
+	}
+	for _, d := range c.data {
+		if !d.proc.Running() {
+			c.startData(d)
+		}
+	}
+	if err := waitOnline(addr, len(c.data), failWait); err != nil {
 		c.t.Fatal(err)
 	}
-	fmt.Fprintf(logf, "=== %s weft %s\n", time.Now().Format(time.TimeOnly), strings.Join(args, " "))
-	d := &daemon{name: name, cmd: exec.Command(c.exe, args...), done: make(chan struct{})}
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	d.cmd.Env = append(os.Environ(), "WEFT_EXE="+c.exe, "WEFT_RUNTIME_DIR="+filepath.Join(c.base, "run"))
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		c.t.Fatal(err)
-	}
-	go func() {
-		d.err = d.cmd.Wait()
-		logf.Close()
-		close(d.done)
-	}()
-	c.t.Cleanup(func() { d.kill(c.t, syscall.SIGKILL) })
-	return d
+	testcluster.CheckFsck(c.t, addr, c.damage...)
+}
+
+// start runs the weft binary with args; its output goes to logs/NAME.log.
+func (c *failCluster) start(name string, args ...string) *testcluster.Proc {
+	c.t.Helper()
+	return testcluster.StartProc(c.t, name, testcluster.ProcOptions{Log: filepath.Join(c.base, "logs", name+".log"),
+		Env: []string{"WEFT_RUNTIME_DIR=" + filepath.Join(c.base, "run")}}, args...)
 }
 
 // addData starts one more data server (weft data) with extra flags.
@@ -191,10 +175,10 @@ func (c *failCluster) startData(d *dataNode) {
 		if err == nil {
 			d.listen = addr
 		}
-		return err == nil || !d.proc.running()
+		return err == nil || !d.proc.Running()
 	})
-	if !d.proc.running() {
-		c.t.Fatalf("data server %d exited at start: %v", d.n, d.proc.err)
+	if !d.proc.Running() {
+		c.t.Fatalf("data server %d exited at start: %v", d.n, d.proc.Err())
 	}
 }
 
@@ -206,7 +190,7 @@ func (c *failCluster) mount(extra ...string) string {
 }
 
 // mountProc is mount, returning the mount's process too.
-func (c *failCluster) mountProc(extra ...string) (string, *daemon) {
+func (c *failCluster) mountProc(extra ...string) (string, *testcluster.Proc) {
 	c.t.Helper()
 	c.mounts++
 	mnt := filepath.Join(c.base, fmt.Sprintf("mnt%d", c.mounts))
@@ -214,33 +198,26 @@ func (c *failCluster) mountProc(extra ...string) (string, *daemon) {
 	// Unmount cleanly before the processes are killed (cleanups run last
 	// in, first out): SIGTERM flushes and unmounts.
 	c.t.Cleanup(func() { c.unmount(d, mnt) })
-	c.waitFor("the mount on "+mnt, 30*time.Second, func() bool { return isMounted(mnt) || !d.running() })
-	if !d.running() {
-		c.t.Fatalf("weft mount exited: %v", d.err)
+	c.waitFor("the mount on "+mnt, 30*time.Second, func() bool { return isMounted(mnt) || !d.Running() })
+	if !d.Running() {
+		c.t.Fatalf("weft mount exited: %v", d.Err())
 	}
 	return mnt, d
 }
 
 // unmount stops the mount process of mnt with SIGTERM; a mount that
 // does not go away is aborted.
-func (c *failCluster) unmount(d *daemon, mnt string) {
-	d.kill(c.t, syscall.SIGTERM)
+func (c *failCluster) unmount(d *testcluster.Proc, mnt string) {
+	d.Kill(c.t, syscall.SIGTERM)
 	if isMounted(mnt) {
-		cleanupUnder(mnt)
+		testcluster.CleanupUnder(mnt)
 	}
 }
 
-// waitFor polls cond every 50ms until it holds; the test fails after
-// timeout.
+// waitFor polls cond until it holds; the test fails after timeout.
 func (c *failCluster) waitFor(what string, timeout time.Duration, cond func() bool) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testcluster.WaitFor(c.t, what, timeout, cond)
 }
 
 // status asks the meta service for the cluster status.

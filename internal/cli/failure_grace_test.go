@@ -15,16 +15,16 @@ import (
 // with extra flags, then waits until it answers.
 func (c *failCluster) restartMeta(sig syscall.Signal, extra ...string) {
 	c.t.Helper()
-	c.meta.kill(c.t, sig)
+	c.meta.Kill(c.t, sig)
 	args := append([]string{"meta", "--dir", filepath.Join(c.base, "meta"), "--listen", c.metaAddr,
 		"--heartbeat-interval", failHeartbeat.String(), "--failure-timeout", failTimeout.String()}, extra...)
 	c.meta = c.start("meta", args...)
 	c.waitFor("the restarted meta service", failWait, func() bool {
 		_, err := c.status()
-		return err == nil || !c.meta.running()
+		return err == nil || !c.meta.Running()
 	})
-	if !c.meta.running() {
-		c.t.Fatalf("the meta service exited at its restart: %v", c.meta.err)
+	if !c.meta.Running() {
+		c.t.Fatalf("the meta service exited at its restart: %v", c.meta.Err())
 	}
 }
 

@@ -144,7 +144,7 @@ func TestFailureKillDataServerMidWrite(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 			if !killed && written.Load() >= nFiles*size/3 {
 				t.Logf("killing data server %d (SIGKILL) after %d MiB written", victim.n, written.Load()>>20)
-				victim.proc.kill(t, syscall.SIGKILL)
+				victim.proc.Kill(t, syscall.SIGKILL)
 				killed = true
 			}
 		}

@@ -44,7 +44,7 @@ func TestLossOfDataServerReReplicated(t *testing.T) {
 	if st, err := c.status(); err == nil {
 		t.Logf("chains before the loss: %s", describeChains(st, 2))
 	}
-	lost.proc.kill(t, syscall.SIGKILL)
+	lost.proc.Kill(t, syscall.SIGKILL)
 
 	if c.helpHas("--meta", "target", "remove") {
 		out, err := exec.Command(c.exe, "target", "remove", fmt.Sprint(target), "--meta", c.metaAddr).CombinedOutput()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -168,7 +169,7 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 	})
 
 	data2 := filepath.Join(dir, "data2")
-	pid := pidOf("--dir", data2)
+	pid := testcluster.PidOf("--dir", data2)
 	if pid == 0 {
 		t.Fatal("no process of data server 2 found")
 	}
@@ -180,7 +181,7 @@ func TestFailureRestartedDataServerNewPorts(t *testing.T) {
 	syscall.Kill(pid, syscall.SIGKILL)
 	occupy(t, old)
 	waitFor(t, time.Minute, "the restart of data server 2", func() bool {
-		return strings.Contains(up.stderr.String(), "data server 2 is running again")
+		return strings.Contains(up.Output(), "data server 2 is running again")
 	})
 	restarted := time.Now()
 	now, _ := readAddressFile(data2)
@@ -224,9 +225,9 @@ func (c *failCluster) restartAll() {
 	began := time.Now()
 	for _, d := range c.data {
 		olds = append(olds, d.listen)
-		d.proc.kill(c.t, syscall.SIGTERM)
+		d.proc.Kill(c.t, syscall.SIGTERM)
 	}
-	c.meta.kill(c.t, syscall.SIGTERM)
+	c.meta.Kill(c.t, syscall.SIGTERM)
 	c.t.Logf("cluster stopped in %v", time.Since(began).Round(time.Millisecond))
 	began = time.Now()
 	defer func() { c.t.Logf("cluster started again in %v", time.Since(began).Round(time.Millisecond)) }()
@@ -312,7 +313,7 @@ func TestFailureOutageEndsReadsRecover(t *testing.T) {
 	var olds []string
 	for _, d := range c.data {
 		olds = append(olds, d.listen)
-		d.proc.kill(t, syscall.SIGKILL)
+		d.proc.Kill(t, syscall.SIGKILL)
 	}
 	for _, a := range olds {
 		occupy(t, a)
@@ -375,6 +376,7 @@ func TestFailureStatusWarnsWhileForwardsFail(t *testing.T) {
 		}
 		return nil
 	})
+	c.leavesDamage("chain_not_checked") // data server 2 is never reachable
 	mnt := c.mount("--unavailable-timeout", "3s")
 	// The write fails (EIO after the unavailable timeout) on every chain
 	// that reaches data server 2; status is asked meanwhile.

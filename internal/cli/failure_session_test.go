@@ -73,13 +73,13 @@ func TestFailureSessionExpiresWhileStopped(t *testing.T) {
 	}
 	old := ids[0]
 
-	if err := syscall.Kill(-m.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := syscall.Kill(-m.Pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := true
 	defer func() {
 		if stopped {
-			syscall.Kill(-m.cmd.Process.Pid, syscall.SIGCONT)
+			syscall.Kill(-m.Pid(), syscall.SIGCONT)
 		}
 	}()
 	c.waitFor("the stopped mount's session to expire", failWait, func() bool {
@@ -100,7 +100,7 @@ func TestFailureSessionExpiresWhileStopped(t *testing.T) {
 	during := pattern("during", 50<<10)
 	go func() { waiting <- os.WriteFile(filepath.Join(mnt, "during"), during, 0o644) }()
 	time.Sleep(200 * time.Millisecond) // let both reach the stopped mount
-	if err := syscall.Kill(-m.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := syscall.Kill(-m.Pid(), syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	stopped = false
@@ -117,13 +117,13 @@ func TestFailureSessionExpiresWhileStopped(t *testing.T) {
 
 	c.waitFor("the mount's new session", failWait, func() bool {
 		ids, err := c.sessionIDs()
-		return !c.meta.running() || (err == nil && len(ids) == 1 && ids[0] != old)
+		return !c.meta.Running() || (err == nil && len(ids) == 1 && ids[0] != old)
 	})
-	if !c.meta.running() {
-		t.Fatalf("the meta service exited when the mount came back with its expired session: %v", c.meta.err)
+	if !c.meta.Running() {
+		t.Fatalf("the meta service exited when the mount came back with its expired session: %v", c.meta.Err())
 	}
-	if !m.running() {
-		t.Fatalf("the mount exited after its session expired: %v", m.err)
+	if !m.Running() {
+		t.Fatalf("the mount exited after its session expired: %v", m.Err())
 	}
 
 	got, err := os.ReadFile(filepath.Join(mnt, "before"))
@@ -159,7 +159,7 @@ func TestFailureSessionExpiresWhileStopped(t *testing.T) {
 	if want := append(append([]byte(nil), heldData...), more...); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read back the held file by name: %d bytes, %v (want %d)", len(got), err, len(want))
 	}
-	if !c.meta.running() {
-		t.Fatalf("the meta service exited: %v", c.meta.err)
+	if !c.meta.Running() {
+		t.Fatalf("the meta service exited: %v", c.meta.Err())
 	}
 }

@@ -34,7 +34,7 @@ func TestFailureTruncateWhileDataServerDies(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c.data[0].proc.kill(t, syscall.SIGKILL)
+	c.data[0].proc.Kill(t, syscall.SIGKILL)
 	const size = 1<<20 + 12345
 	start := time.Now()
 	if err := f.Truncate(size); err != nil {

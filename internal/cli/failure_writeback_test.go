@@ -67,7 +67,7 @@ func TestFailureWriteBackErrorExact(t *testing.T) {
 	}
 	defer g.Close()
 
-	c.data[0].proc.kill(t, syscall.SIGKILL)
+	c.data[0].proc.Kill(t, syscall.SIGKILL)
 	if _, err := f.WriteAt(pattern("lost", 1<<20), 1<<20); err != nil { // buffered: its send fails later
 		t.Fatalf("write while the data server is down: %v", err)
 	}
@@ -229,6 +229,7 @@ func TestFailureTargetFaults(t *testing.T) {
 				disk = loopTarget(t, 256<<20)
 				return []string{"--target", disk}
 			})
+			c.leavesDamage("chain_not_checked") // the broken target stays offline
 			if tt.replicas > 1 {
 				c.waitHealthy(uint32(tt.replicas), failWait)
 			}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/weft-fs/weft/internal/wire"
+	"github.com/weft-fs/weft/internal/testcluster"
 	"github.com/weft-fs/weft/meta/kv"
 	"github.com/weft-fs/weft/meta/kv/pebblekv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -25,7 +26,7 @@ import (
 func runFsckProcess(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	cmd := exec.Command(needWeftBinary(t), append([]string{"fsck"}, args...)...)
+	cmd := exec.Command(testcluster.Binary(t), append([]string{"fsck"}, args...)...)
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	var ee *exec.ExitError
@@ -101,7 +102,7 @@ func TestFsckProcess(t *testing.T) {
 
 	// Damage the namespace with the meta server stopped: a dangling entry
 	// and a wrong link count.
-	c.meta.kill(t, syscall.SIGTERM)
+	c.meta.Kill(t, syscall.SIGTERM)
 	eng, err := pebblekv.Open(filepath.Join(c.base, "meta", "db"))
 	if err != nil {
 		t.Fatal(err)

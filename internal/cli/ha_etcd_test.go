@@ -17,6 +17,7 @@ import (
 	"github.com/weft-fs/weft/internal/etcdtest"
 	"github.com/weft-fs/weft/internal/faultproxy"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -30,7 +31,7 @@ import (
 // so they register and heartbeat with it).
 func newHAClusterWithProxy(t *testing.T, data int) (*haCluster, *faultproxy.Proxy) {
 	t.Helper()
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounts the file system and cuts a meta server off etcd: run as root")
 	}
@@ -41,16 +42,7 @@ func newHAClusterWithProxy(t *testing.T, data int) (*haCluster, *faultproxy.Prox
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	c := &haCluster{failCluster: &failCluster{t: t, exe: needWeftBinary(t), base: t.TempDir()}, etcd: proxy.Addr()}
-	if err := os.MkdirAll(filepath.Join(c.base, "logs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cleanupUnder(c.base)
-		if t.Failed() {
-			logTails(t, filepath.Join(c.base, "logs"))
-		}
-	})
+	c := &haCluster{failCluster: newProcCluster(t), etcd: proxy.Addr()}
 	m1 := c.startMeta(1)
 	c.waitFor("meta1 to be elected manager", failWait, func() bool {
 		st, err := fetchStatus(context.Background(), m1.addr)
@@ -62,6 +54,11 @@ func newHAClusterWithProxy(t *testing.T, data int) (*haCluster, *faultproxy.Prox
 	for range data {
 		c.addData()
 	}
+	// Runs after the mounts' cleanups, before the processes are killed.
+	t.Cleanup(func() {
+		rest := c.addrs()
+		c.checkFsck(strings.Split(rest, ",")[0], rest != "")
+	})
 	c.waitFor(fmt.Sprintf("%d data servers online, HEALTH_OK, two meta servers listed", data), failWait, func() bool {
 		st, err := fetchStatus(context.Background(), c.metas[1].addr)
 		return err == nil && onlineCount(st) == data && healthLine(st) == healthOK && len(st.GetMetaServers()) == 2
@@ -71,7 +68,7 @@ func newHAClusterWithProxy(t *testing.T, data int) (*haCluster, *faultproxy.Prox
 
 // mountOn runs weft mount given the one meta address addr and returns the
 // mount point and the process.
-func mountOn(c *failCluster, addr string) (string, *daemon) {
+func mountOn(c *failCluster, addr string) (string, *testcluster.Proc) {
 	c.t.Helper()
 	saved := c.metaAddr
 	c.metaAddr = addr
@@ -288,13 +285,13 @@ func TestHAManagerLosesEtcd(t *testing.T) {
 				t.Errorf("chains changed while meta1 was cut off:\nbefore %s\nafter  %s", chainsBefore, got)
 			}
 			for _, d := range c.data {
-				if !d.proc.running() {
+				if !d.proc.Running() {
 					t.Errorf("data server %d exited", d.n)
 				}
 			}
 			for _, m := range c.metas {
-				if !m.proc.running() {
-					t.Errorf("%s exited: %v", m.name, m.proc.err)
+				if !m.proc.Running() {
+					t.Errorf("%s exited: %v", m.name, m.proc.Err())
 				}
 			}
 			finishWithin(t, "write through the mount after the heal", failWait, func() error { return writeAndCheck(filepath.Join(mnt, "after"), "f", 4) })
@@ -308,7 +305,7 @@ func TestHAManagerLosesEtcd(t *testing.T) {
 // flock excludes across them, F_GETLK through B reports A's lock and its
 // pid, and an F_SETLKW waiting through B is granted when A unlocks.
 func TestLocksAcrossMetaServers(t *testing.T) {
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounts the file system twice: run as root")
 	}
@@ -377,7 +374,7 @@ func TestLocksAcrossMetaServers(t *testing.T) {
 	})
 
 	// Each mount used the meta server it was given: neither failed over.
-	for _, name := range []string{dA.name, dB.name} {
+	for _, name := range []string{dA.Name, dB.Name} {
 		b, _ := os.ReadFile(filepath.Join(c.base, "logs", name+".log"))
 		if bytes.Contains(b, []byte("failing over")) {
 			t.Errorf("%s failed over to another meta server: the locks were not taken through two meta servers\n%s", name, b)

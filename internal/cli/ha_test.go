@@ -16,6 +16,7 @@ import (
 	"github.com/weft-fs/weft/client"
 	"github.com/weft-fs/weft/internal/etcdtest"
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -29,7 +30,7 @@ type haCluster struct {
 
 type haMeta struct {
 	name, dir, addr string
-	proc            *daemon
+	proc            *testcluster.Proc
 }
 
 // newHACluster starts etcd, n meta servers (the first is started alone
@@ -37,16 +38,7 @@ type haMeta struct {
 func newHACluster(t *testing.T, n, data int) *haCluster {
 	t.Helper()
 	srv := etcdtest.Start(t)
-	c := &haCluster{failCluster: &failCluster{t: t, exe: needWeftBinary(t), base: t.TempDir()}, etcd: strings.Join(srv.Endpoints, ",")}
-	if err := os.MkdirAll(filepath.Join(c.base, "logs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cleanupUnder(c.base)
-		if t.Failed() {
-			logTails(t, filepath.Join(c.base, "logs"))
-		}
-	})
+	c := &haCluster{failCluster: newProcCluster(t), etcd: strings.Join(srv.Endpoints, ",")}
 	for i := 1; i <= n; i++ {
 		m := c.startMeta(i)
 		if i == 1 {
@@ -60,6 +52,11 @@ func newHACluster(t *testing.T, n, data int) *haCluster {
 	for range data {
 		c.addData()
 	}
+	// Runs after the mounts' cleanups, before the processes are killed.
+	t.Cleanup(func() {
+		rest := c.addrs()
+		c.checkFsck(strings.Split(rest, ",")[0], rest != "")
+	})
 	c.waitFor(fmt.Sprintf("%d data servers online and HEALTH_OK", data), failWait, func() bool {
 		st, err := fetchStatus(context.Background(), c.metaAddr)
 		return err == nil && onlineCount(st) == data && healthLine(st) == healthOK
@@ -77,10 +74,10 @@ func (c *haCluster) startMeta(i int) *haMeta {
 	c.waitFor("the address of "+m.name, 30*time.Second, func() bool {
 		addr, err := readAddressFile(m.dir)
 		m.addr = addr
-		return err == nil || !m.proc.running()
+		return err == nil || !m.proc.Running()
 	})
-	if !m.proc.running() {
-		c.t.Fatalf("%s exited at start: %v", m.name, m.proc.err)
+	if !m.proc.Running() {
+		c.t.Fatalf("%s exited at start: %v", m.name, m.proc.Err())
 	}
 	c.metas = append(c.metas, m)
 	return m
@@ -90,7 +87,7 @@ func (c *haCluster) startMeta(i int) *haMeta {
 func (c *haCluster) addrs() string {
 	var out []string
 	for _, m := range c.metas {
-		if m.proc.running() {
+		if m.proc.Running() {
 			out = append(out, m.addr)
 		}
 	}
@@ -173,7 +170,7 @@ func TestHAManagerElection(t *testing.T) {
 			cl.Close()
 
 			killed := time.Now()
-			c.metas[0].proc.kill(t, syscall.SIGKILL)
+			c.metas[0].proc.Kill(t, syscall.SIGKILL)
 			rest := c.addrs()
 			var newManager string
 			sawOffline := ""
@@ -200,7 +197,7 @@ func TestHAManagerElection(t *testing.T) {
 				t.Errorf("the new manager marked a live data server offline after taking over: %s", sawOffline)
 			}
 			for _, d := range c.data {
-				if !d.proc.running() {
+				if !d.proc.Running() {
 					t.Errorf("data server %d exited during the failover", d.n)
 				}
 			}
@@ -248,7 +245,7 @@ func haWorkload(dir string, stop <-chan struct{}, ops *atomic.Int64, stall *stal
 // server they talk to (also the manager) is killed with SIGKILL. The
 // applications see no error, and weft fsck then finds nothing wrong.
 func TestHAMountSurvivesMetaKill(t *testing.T) {
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounts and kills servers: run as root")
 	}
@@ -268,7 +265,7 @@ func TestHAMountSurvivesMetaKill(t *testing.T) {
 	c.waitFor("the workload to run", failWait, func() bool { return ops.Load() > 200 })
 	before := ops.Load()
 	t.Logf("before the kill: %d operations in %v", before, time.Since(started).Round(time.Millisecond))
-	c.metas[0].proc.kill(t, syscall.SIGKILL)
+	c.metas[0].proc.Kill(t, syscall.SIGKILL)
 	killed := time.Now()
 	c.waitFor("the workload to go on after the kill", failWait, func() bool { return ops.Load() > before+500 })
 	longest, where := stall.get()
@@ -287,19 +284,4 @@ func TestHAMountSurvivesMetaKill(t *testing.T) {
 		st, err := fetchStatus(context.Background(), rest)
 		return err == nil && healthLine(st) == healthOK
 	})
-	fsckClean(t, strings.Split(rest, ",")[0])
-}
-
-// fsckClean runs weft fsck against the meta server at addr and fails the
-// test unless it reports a clean namespace (exit 0).
-func fsckClean(t *testing.T, addr string) {
-	t.Helper()
-	if !(&failCluster{t: t, exe: needWeftBinary(t)}).helpHas("--meta", "fsck") {
-		t.Log("weft fsck is not available in this build: namespace not checked")
-		return
-	}
-	code, out, errOut := runWeft(t, "fsck", "--meta", addr)
-	if code != 0 {
-		t.Errorf("weft fsck --meta %s: exit %d\n%s%s", addr, code, out, errOut)
-	}
 }

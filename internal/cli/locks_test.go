@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/weft-fs/weft/internal/testcluster"
 )
 
 // The lock tests run real `weft mount` processes on one cluster and lock
@@ -205,7 +207,7 @@ func (p *lockProc) eventually(cmd string) {
 
 // lockMount runs weft mount on a new directory of c and returns it with
 // its process.
-func lockMount(c *failCluster, extra ...string) (string, *daemon) {
+func lockMount(c *failCluster, extra ...string) (string, *testcluster.Proc) {
 	c.t.Helper()
 	c.mounts++
 	mnt := filepath.Join(c.base, fmt.Sprintf("mnt%d", c.mounts))
@@ -214,9 +216,9 @@ func lockMount(c *failCluster, extra ...string) (string, *daemon) {
 	}
 	d := c.start(fmt.Sprintf("mount%d", c.mounts), append(append([]string{"mount", "--meta", c.metaAddr}, extra...), mnt)...)
 	c.t.Cleanup(func() { c.unmount(d, mnt) })
-	c.waitFor("the mount on "+mnt, 30*time.Second, func() bool { return isMounted(mnt) || !d.running() })
-	if !d.running() {
-		c.t.Fatalf("weft mount exited: %v", d.err)
+	c.waitFor("the mount on "+mnt, 30*time.Second, func() bool { return isMounted(mnt) || !d.Running() })
+	if !d.Running() {
+		c.t.Fatalf("weft mount exited: %v", d.Err())
 	}
 	return mnt, d
 }
@@ -501,7 +503,7 @@ func TestLockHolderMountKilled(t *testing.T) {
 	p2.must("open " + filepath.Join(m2, "victim"))
 	p2.busy("lk wr 0 1")
 	killed := time.Now()
-	d1.kill(t, syscall.SIGKILL)
+	d1.Kill(t, syscall.SIGKILL)
 	p2.send("lk wr 0 0 w")
 	if got := p2.answer("F_SETLKW"); got != "ok" {
 		t.Fatalf("F_SETLKW after the holder's mount died: %s", got)
@@ -542,7 +544,7 @@ func TestLockCost(t *testing.T) {
 	defer f.Close()
 	const n = 500
 	for _, kind := range []string{"fcntl", "flock"} {
-		metaCPU, mountCPU := cpuMs(c.meta.cmd.Process.Pid), cpuMs(d1.cmd.Process.Pid)
+		metaCPU, mountCPU := cpuMs(c.meta.Pid()), cpuMs(d1.Pid())
 		start := time.Now()
 		for range n {
 			if kind == "flock" {
@@ -564,6 +566,6 @@ func TestLockCost(t *testing.T) {
 		}
 		el := time.Since(start)
 		t.Logf("%s lock+unlock: %.2f ms per pair, CPU per pair: meta %.2f core-ms, mount %.2f core-ms (%d pairs)",
-			kind, float64(el.Microseconds())/1000/n, (cpuMs(c.meta.cmd.Process.Pid)-metaCPU)/n, (cpuMs(d1.cmd.Process.Pid)-mountCPU)/n, n)
+			kind, float64(el.Microseconds())/1000/n, (cpuMs(c.meta.Pid())-metaCPU)/n, (cpuMs(d1.Pid())-mountCPU)/n, n)
 	}
 }

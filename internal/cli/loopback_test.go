@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/splice"
+	"github.com/weft-fs/weft/internal/testcluster"
 )
 
 func TestSpliceLimit(t *testing.T) {
@@ -34,7 +34,7 @@ func TestSpliceLimit(t *testing.T) {
 // larger than a pipe can splice (1 MiB on a stock system): they are
 // answered from a buffer, without a failed splice and a log line each.
 func TestLoopbackLargeReads(t *testing.T) {
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	dir := t.TempDir()
 	src, mnt := filepath.Join(dir, "src"), filepath.Join(dir, "mnt")
 	if err := os.Mkdir(src, 0o755); err != nil {
@@ -45,7 +45,7 @@ func TestLoopbackLargeReads(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "f"), want, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m := startMounter(t, mnt, exec.Command(needWeftBinary(t), "loopback", "--debug", src, mnt))
+	m := startMounter(t, mnt, "loopback", "--debug", src, mnt)
 	got, err := os.ReadFile(filepath.Join(mnt, "f"))
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestLoopbackLargeReads(t *testing.T) {
 	}
 	m.stop(t)
 
-	log := m.stderr.String()
+	log := m.Output()
 	if strings.Contains(log, "trySplice") {
 		t.Errorf("the loopback tried to splice reads a pipe cannot hold:\n%s", firstLines(log, "trySplice", 3))
 	}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -15,17 +14,9 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
-
-// weftBinary is the weft binary built once for this test run: weft up
-// re-executes it (through $WEFT_EXE) for its daemons, and the process
-// tests run it.
-var weftBinary string
-
-// weftBuildErr is why weftBinary could not be built.
-var weftBuildErr error
 
 func TestMain(m *testing.M) {
 	testscript.Main(buildingM{m}, map[string]func(){"weft": weftMain})
@@ -40,60 +31,23 @@ func weftMain() {
 	os.Exit(code)
 }
 
-// buildingM builds the weft binary before running the tests (only in the
-// top-level test process, not in the script commands).
+// buildingM runs the tests through testcluster.Main, which provides the
+// weft binary (testcluster.Binary): weft up re-executes it (through
+// $WEFT_EXE) for its daemons, and the process tests run it. Only the
+// top-level test process does, not the script commands.
 type buildingM struct{ m *testing.M }
 
-func (b buildingM) Run() int {
-	tmp, err := os.MkdirTemp("", "weft-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	weftBinary = filepath.Join(tmp, "weft")
-	out, err := exec.Command("go", "build", "-o", weftBinary, "github.com/weft-fs/weft/cmd/weft").CombinedOutput()
-	if err != nil {
-		weftBuildErr = fmt.Errorf("go build ./cmd/weft: %v\n%s", err, out)
-		weftBinary = ""
-	} else {
-		os.Setenv("WEFT_EXE", weftBinary)
-	}
-	return b.m.Run()
-}
-
-// needWeftBinary skips nothing: a test that needs the binary fails if the
-// build failed.
-func needWeftBinary(t testing.TB) string {
-	t.Helper()
-	if weftBinary == "" {
-		t.Fatalf("the weft binary could not be built: %v", weftBuildErr)
-	}
-	return weftBinary
-}
-
-// needFUSE skips tests that mount when this machine cannot.
-func needFUSE(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("FUSE is not available (%v); install fuse3", err)
-	}
-	if os.Geteuid() != 0 {
-		if _, err := exec.LookPath("fusermount3"); err != nil {
-			t.Skip("not root and no fusermount3; install fuse3")
-		}
-	}
-}
+func (b buildingM) Run() int { return testcluster.Main(b.m) }
 
 func TestScripts(t *testing.T) {
-	needWeftBinary(t)
+	weftBinary := testcluster.Binary(t)
 	testscript.Run(t, testscript.Params{
 		Dir: "testdata/script",
 		Setup: func(env *testscript.Env) error {
 			env.Setenv("WEFT_EXE", weftBinary)
 			env.Setenv("WEFT_RUNTIME_DIR", filepath.Join(env.WorkDir, "run"))
 			work := env.WorkDir
-			env.Defer(func() { cleanupUnder(work) })
+			env.Defer(func() { testcluster.CleanupUnder(work) })
 			return nil
 		},
 		Condition: func(cond string) (bool, error) {
@@ -256,49 +210,21 @@ func waitOnline(addr string, n int, timeout time.Duration) error {
 
 // waitServers polls the meta service at addr until ok(servers online).
 func waitServers(addr string, ok func(online int) bool, timeout time.Duration) error {
-	cc, err := rpc.Dial(addr)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	mc := weftv1.NewMetaClient(cc)
-	deadline := time.Now().Add(timeout)
-	var last error
 	online := 0
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := mc.Status(ctx, &weftv1.StatusRequest{})
-		cancel()
-		if err == nil {
-			if online = onlineCount(st); ok(online) {
-				return nil
-			}
-		}
-		last = err
-		time.Sleep(50 * time.Millisecond)
+	err := testcluster.WaitStatus(addr, timeout, func(st *weftv1.StatusResponse) bool {
+		online = onlineCount(st)
+		return ok(online)
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the data servers at %s (%d online): %w", addr, online, err)
 	}
-	return fmt.Errorf("timed out waiting for the data servers at %s (%d online, last error %v)", addr, online, last)
+	return nil
 }
 
 // isMounted reports whether dir is a weft mount point now.
 func isMounted(dir string) bool {
 	mp, err := findWeftMount(dir)
 	return err == nil && mp == dir
-}
-
-// isMountPoint reports whether a file system (of any kind) is mounted on
-// dir.
-func isMountPoint(dir string) bool {
-	mounts, err := readMountInfo()
-	if err != nil {
-		return false
-	}
-	for _, m := range mounts {
-		if m.MountPoint == dir {
-			return true
-		}
-	}
-	return false
 }
 
 // waitMounted polls until dir is a weft mount.
@@ -311,73 +237,4 @@ func waitMounted(dir string, timeout time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("timed out waiting for a weft mount on %s", dir)
-}
-
-// cleanupUnder kills every process whose command line mentions dir (the
-// daemons a test started there) and detaches every mount below dir, so
-// that no test leaves anything behind.
-func cleanupUnder(dir string) {
-	for _, pid := range pidsMentioning(dir) {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-	mounts, _ := readMountInfo()
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if within(mounts[i].MountPoint, dir) {
-			// A FUSE server killed while a thread of its own waits on its
-			// mount never exits until the connection is aborted.
-			if strings.HasPrefix(mounts[i].FSType, "fuse") {
-				if _, minor, ok := strings.Cut(mounts[i].Dev, ":"); ok {
-					os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0o200)
-				}
-			}
-			if err := syscall.Unmount(mounts[i].MountPoint, syscall.MNT_DETACH); err != nil {
-				exec.Command("fusermount3", "-u", "-z", mounts[i].MountPoint).Run()
-			}
-		}
-	}
-}
-
-// pidsMentioning lists the processes (other than this one) with an
-// argument equal to or below dir.
-func pidsMentioning(dir string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		for _, arg := range bytes.Split(b, []byte{0}) {
-			if a := string(arg); a == dir || strings.HasPrefix(a, dir+"/") {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
-}
-
-// pidOf finds the process with the given arguments in its command line
-// (e.g. "--dir", "/x/data2").
-func pidOf(args ...string) int {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		cmdline := "\x00" + string(b)
-		if strings.Contains(cmdline, "\x00"+strings.Join(args, "\x00")+"\x00") {
-			return pid
-		}
-	}
-	return 0
 }

@@ -5,76 +5,43 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weft-fs/weft/internal/testcluster"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// mountProcess is a weft command that mounts (weft mount, weft loopback)
-// running as an OS process.
+// mountProcess is a weft command that mounts (weft loopback) running as
+// an OS process.
 type mountProcess struct {
-	dir    string
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	done   chan struct{}
-	err    error
+	dir string
+	*testcluster.Proc
 }
 
-// startMount runs weft mount on dir against the meta service at metaAddr
-// and waits until it is mounted.
-func startMount(t *testing.T, metaAddr, dir string) *mountProcess {
+// startMounter runs weft with args, a command that mounts dir and runs
+// until SIGINT, and waits until dir is mounted.
+func startMounter(t *testing.T, dir string, args ...string) *mountProcess {
 	t.Helper()
-	cmd := exec.Command(needWeftBinary(t), "mount", "--meta", metaAddr, "--entry-timeout", "1s", "--attr-timeout", "1s", dir)
-	cmd.Env = append(os.Environ(), "WEFT_RUNTIME_DIR="+filepath.Join(filepath.Dir(dir), "run"))
-	return startMounter(t, dir, cmd)
-}
-
-// startMounter starts cmd, a weft command that mounts dir and runs until
-// SIGINT, and waits until dir is mounted.
-func startMounter(t *testing.T, dir string, cmd *exec.Cmd) *mountProcess {
-	t.Helper()
-	m := &mountProcess{dir: dir, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m.cmd.Stderr = m.stderr
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := m.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		m.err = m.cmd.Wait()
-		close(m.done)
-	}()
+	m := &mountProcess{dir: dir, Proc: testcluster.StartProc(t, "weft "+args[0], testcluster.ProcOptions{}, args...)}
 	t.Cleanup(func() {
-		select {
-		case <-m.done:
-		default:
-			syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
-			select {
-			case <-m.done:
-			case <-time.After(10 * time.Second):
-				cleanupUnder(dir)
-				<-m.done
-			}
-		}
-		if isMountPoint(dir) {
-			syscall.Unmount(dir, syscall.MNT_DETACH)
+		if testcluster.IsMountPoint(dir) {
+			testcluster.CleanupUnder(dir)
 		}
 	})
 	deadline := time.Now().Add(time.Minute)
-	for !isMountPoint(dir) {
+	for !testcluster.IsMountPoint(dir) {
 		select {
-		case <-m.done:
-			t.Fatalf("%s exited: %v\n%s", m.cmd, m.err, m.stderr)
+		case <-m.Done():
+			t.Fatalf("%s exited: %v\n%s", m.Cmd, m.Err(), m.Output())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not mount %s in time\n%s", m.cmd, dir, m.stderr)
+			t.Fatalf("%s did not mount %s in time\n%s", m.Cmd, dir, m.Output())
 		}
 	}
 	return m
@@ -83,29 +50,28 @@ func startMounter(t *testing.T, dir string, cmd *exec.Cmd) *mountProcess {
 // stop sends SIGINT and checks that the command exits 0 and unmounted.
 func (m *mountProcess) stop(t *testing.T) {
 	t.Helper()
-	m.cmd.Process.Signal(os.Interrupt)
+	m.Cmd.Process.Signal(os.Interrupt)
 	select {
-	case <-m.done:
+	case <-m.Done():
 	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not stop\n%s", m.cmd, m.stderr)
+		t.Fatalf("%s did not stop\n%s", m.Cmd, m.Output())
 	}
-	if m.err != nil {
-		t.Errorf("%s exited with %v\n%s", m.cmd, m.err, m.stderr)
+	if m.Err() != nil {
+		t.Errorf("%s exited with %v\n%s", m.Cmd, m.Err(), m.Output())
 	}
-	if isMountPoint(m.dir) {
-		t.Errorf("%s still mounted after %s stopped", m.dir, m.cmd)
+	if testcluster.IsMountPoint(m.dir) {
+		t.Errorf("%s still mounted after %s stopped", m.dir, m.Cmd)
 	}
 }
 
 func TestTwoMountsCloseToOpen(t *testing.T) {
-	needFUSE(t)
-	c := testcluster.Start(t, testcluster.Options{DataServers: 2, ChunkSize: 64 << 10, StripeCount: 2})
-	base := t.TempDir()
-	t.Cleanup(func() { cleanupUnder(base) })
-	a := startMount(t, c.MetaAddr(), filepath.Join(base, "a"))
-	b := startMount(t, c.MetaAddr(), filepath.Join(base, "b"))
-	inA := func(p string) string { return filepath.Join(a.dir, p) }
-	inB := func(p string) string { return filepath.Join(b.dir, p) }
+	c := testcluster.Start(t, testcluster.Options{DataServers: 2, Layout: &weftv1.Layout{ChunkSize: 64 << 10, StripeCount: 2}})
+	// Both mounts are stopped at the end of the test, which checks that
+	// they exit 0 and unmount.
+	a := c.Mount("--entry-timeout", "1s", "--attr-timeout", "1s")
+	b := c.Mount("--entry-timeout", "1s", "--attr-timeout", "1s")
+	inA := func(p string) string { return filepath.Join(a, p) }
+	inB := func(p string) string { return filepath.Join(b, p) }
 
 	// Written and closed on A, read after open on B.
 	first := bytes.Repeat([]byte("0123456789abcdef"), 20000) // 320000 bytes, 5 chunks
@@ -165,7 +131,4 @@ func TestTwoMountsCloseToOpen(t *testing.T) {
 	if _, err := os.Stat(inB("dir/renamed")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("B still sees the file A unlinked: %v", err)
 	}
-
-	a.stop(t)
-	b.stop(t)
 }

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,17 +16,14 @@ import (
 	"time"
 
 	"github.com/weft-fs/weft/internal/rpc"
+	"github.com/weft-fs/weft/internal/testcluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // upProcess is a "weft up" running as an OS process of the built binary.
 type upProcess struct {
 	dir, mnt string
-	cmd      *exec.Cmd
-	stdout   *syncBuffer
-	stderr   *syncBuffer
-	done     chan struct{}
-	err      error
+	*testcluster.Proc
 }
 
 // startUp runs weft up on dir, mounting on mnt, and waits until it is
@@ -35,66 +31,56 @@ type upProcess struct {
 // test ends.
 func startUp(t *testing.T, dir, mnt string, args ...string) *upProcess {
 	t.Helper()
-	exe := needWeftBinary(t)
-	u := &upProcess{dir: dir, mnt: mnt, stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	u.cmd = exec.Command(exe, append([]string{"up", "--dir", dir, "--mount", mnt}, args...)...)
-	u.cmd.Env = append(os.Environ(), "WEFT_EXE="+exe, "WEFT_RUNTIME_DIR="+filepath.Join(dir, "..", "run"))
-	u.cmd.Stdout, u.cmd.Stderr = u.stdout, u.stderr
-	u.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := u.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		u.err = u.cmd.Wait()
-		close(u.done)
-	}()
+	u := &upProcess{dir: dir, mnt: mnt}
+	u.Proc = testcluster.StartProc(t, "weft up", testcluster.ProcOptions{Env: []string{"WEFT_RUNTIME_DIR=" + filepath.Join(dir, "..", "run")}},
+		append([]string{"up", "--dir", dir, "--mount", mnt}, args...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("--- stderr of weft up:\n%s", u.stderr)
+			t.Logf("--- output of weft up:\n%s", u.Output())
 		}
-		select {
-		case <-u.done:
-		default:
-			syscall.Kill(-u.cmd.Process.Pid, syscall.SIGKILL)
+		if u.Running() {
+			syscall.Kill(-u.Pid(), syscall.SIGKILL)
 			select {
-			case <-u.done:
+			case <-u.Done():
 			case <-time.After(10 * time.Second):
 				// Stuck on its own mount: abort the FUSE connection.
-				cleanupUnder(filepath.Dir(dir))
-				<-u.done
+				testcluster.CleanupUnder(filepath.Dir(dir))
+				<-u.Done()
 			}
 		}
 	})
 	deadline := time.Now().Add(2 * time.Minute)
-	for !isMounted(mnt) || !strings.Contains(u.stdout.String(), "weft is up") {
+	for !isMounted(mnt) || !strings.Contains(u.Output(), "weft is up") {
 		select {
-		case <-u.done:
-			t.Fatalf("weft up exited: %v\nstdout:\n%s\nstderr:\n%s", u.err, u.stdout, u.stderr)
+		case <-u.Done():
+			t.Fatalf("weft up exited: %v\n%s", u.Err(), u.Output())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("weft up did not mount %s in time\nstderr:\n%s", mnt, u.stderr)
+			t.Fatalf("weft up did not mount %s in time\n%s", mnt, u.Output())
 		}
 	}
 	return u
 }
 
-// stop sends SIGTERM and checks that weft up exits 0 and unmounted.
+// stop runs fsck, which must find nothing, then sends SIGTERM and checks
+// that weft up exits 0 and unmounted.
 func (u *upProcess) stop(t *testing.T) {
 	t.Helper()
-	u.cmd.Process.Signal(syscall.SIGTERM)
+	testcluster.CheckFsck(t, u.metaAddr(t))
+	u.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-u.done:
+	case <-u.Done():
 	case <-time.After(time.Minute):
-		t.Fatalf("weft up did not stop within a minute of SIGTERM\nstderr:\n%s", u.stderr)
+		t.Fatalf("weft up did not stop within a minute of SIGTERM\n%s", u.Output())
 	}
-	if u.err != nil {
-		t.Fatalf("weft up exited with %v after SIGTERM\nstderr:\n%s", u.err, u.stderr)
+	if u.Err() != nil {
+		t.Fatalf("weft up exited with %v after SIGTERM\n%s", u.Err(), u.Output())
 	}
 	if isMounted(u.mnt) {
 		t.Fatalf("%s is still mounted after weft up stopped", u.mnt)
 	}
-	if pids := pidsMentioning(u.dir); len(pids) > 0 {
+	if pids := testcluster.PidsMentioning(u.dir); len(pids) > 0 {
 		t.Fatalf("processes left running after weft up stopped: %v", pids)
 	}
 }
@@ -113,10 +99,10 @@ func (u *upProcess) metaAddr(t *testing.T) string {
 // removes every process and mount under them when it ends.
 func newUpDirs(t *testing.T) (dir, mnt string) {
 	t.Helper()
-	needFUSE(t)
+	testcluster.NeedFUSE(t)
 	base := t.TempDir()
 	t.Cleanup(func() {
-		cleanupUnder(base)
+		testcluster.CleanupUnder(base)
 		if t.Failed() {
 			logTails(t, filepath.Join(base, "cluster", "logs"))
 		}
@@ -186,8 +172,8 @@ func snapshot(t *testing.T, root string) map[string]entryState {
 func TestUpPersistsFilesAcrossRestart(t *testing.T) {
 	dir, mnt := newUpDirs(t)
 	up := startUp(t, dir, mnt, "--data-servers", "3", "--chunk-size", "256KiB", "--stripe-count", "3")
-	if !strings.Contains(up.stdout.String(), "weft is up") {
-		t.Errorf("weft up did not say it is up: %s", up.stdout)
+	if !strings.Contains(up.Output(), "weft is up") {
+		t.Errorf("weft up did not say it is up: %s", up.Output())
 	}
 	rng := rand.New(rand.NewSource(1))
 	big := make([]byte, 6<<20+12345) // 25 chunks of 256 KiB over 3 chains
@@ -255,21 +241,21 @@ func TestUpRestartsKilledDataServer(t *testing.T) {
 	dir, mnt := newUpDirs(t)
 	up := startUp(t, dir, mnt, "--data-servers", "3", "--restart-delay", "500ms")
 	data2 := filepath.Join(dir, "data2")
-	pid := pidOf("--dir", data2)
+	pid := testcluster.PidOf("--dir", data2)
 	if pid == 0 {
 		t.Fatalf("no process of data server 2 found")
 	}
 	addrBefore, _ := readAddressFile(data2)
 	syscall.Kill(pid, syscall.SIGKILL)
 	want := fmt.Sprintf("data server 2 exited: signal: killed; restarting in 500ms (log: %s)", filepath.Join(dir, "logs", "data2.log"))
-	waitFor(t, 30*time.Second, "the report of the killed data server", func() bool { return strings.Contains(up.stderr.String(), want) })
+	waitFor(t, 30*time.Second, "the report of the killed data server", func() bool { return strings.Contains(up.Output(), want) })
 	waitFor(t, 60*time.Second, "the restart of data server 2", func() bool {
-		return strings.Contains(up.stderr.String(), "data server 2 is running again")
+		return strings.Contains(up.Output(), "data server 2 is running again")
 	})
 	if err := waitOnline(up.metaAddr(t), 3, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if np := pidOf("--dir", data2); np == 0 || np == pid {
+	if np := testcluster.PidOf("--dir", data2); np == 0 || np == pid {
 		t.Fatalf("data server 2 pid after restart = %d (before %d)", np, pid)
 	}
 	if addrAfter, _ := readAddressFile(data2); addrAfter != addrBefore {
@@ -404,16 +390,16 @@ func TestUpMetaKilledDuringMetadataWorkload(t *testing.T) {
 	}()
 	time.Sleep(1500 * time.Millisecond)
 	metaDir := filepath.Join(dir, "meta")
-	pid := pidOf("meta", "--dir", metaDir)
+	pid := testcluster.PidOf("meta", "--dir", metaDir)
 	if pid == 0 {
 		t.Fatal("no meta process found")
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 	waitFor(t, 30*time.Second, "the report of the killed meta service", func() bool {
-		return strings.Contains(up.stderr.String(), "meta service exited: signal: killed; restarting in 500ms")
+		return strings.Contains(up.Output(), "meta service exited: signal: killed; restarting in 500ms")
 	})
 	waitFor(t, 60*time.Second, "the restart of the meta service", func() bool {
-		return strings.Contains(up.stderr.String(), "meta service is running again")
+		return strings.Contains(up.Output(), "meta service is running again")
 	})
 	time.Sleep(2 * time.Second) // the workload goes on against the restarted service
 	close(stop)

@@ -1,19 +1,23 @@
 package exerciser
 
 import (
+	"os"
 	"testing"
 
 	"github.com/weft-fs/weft/internal/testcluster"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// TestWeft runs the exerciser on a FUSE mount of an in-process weft cluster
+func TestMain(m *testing.M) { os.Exit(testcluster.Main(m)) }
+
+// TestWeft runs the exerciser on a FUSE mount (weft mount) of an in-process weft cluster
 // with small chunks, so that a run crosses many chunk and stripe boundaries.
 func TestWeft(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster and a FUSE mount")
 	}
 	const chunkSize = 256 << 10
-	c := testcluster.Start(t, testcluster.Options{Mount: true, ChunkSize: chunkSize, StripeCount: 3})
+	c := testcluster.Start(t, testcluster.Options{Mount: true, Layout: &weftv1.Layout{ChunkSize: chunkSize, StripeCount: 3}})
 	Run(t, c.MountDir(), Config{Ops: 2000, MaxFileSize: 4 << 20, Files: 3, ChunkSizeHint: chunkSize})
 }
 
@@ -25,6 +29,6 @@ func TestWeftReplicated(t *testing.T) {
 		t.Skip("starts a cluster and a FUSE mount")
 	}
 	const chunkSize = 256 << 10
-	c := testcluster.Start(t, testcluster.Options{Mount: true, ChunkSize: chunkSize, StripeCount: 2, Replicas: 3})
+	c := testcluster.Start(t, testcluster.Options{Mount: true, Layout: &weftv1.Layout{ChunkSize: chunkSize, StripeCount: 2, Replicas: 3}})
 	Run(t, c.MountDir(), Config{Ops: 1000, MaxFileSize: 4 << 20, Files: 3, ChunkSizeHint: chunkSize})
 }

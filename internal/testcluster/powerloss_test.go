@@ -17,6 +17,7 @@ import (
 
 	"github.com/weft-fs/weft/internal/disk"
 	"github.com/weft-fs/weft/internal/exerciser"
+	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
 // powerLossSeedEnv replays one seed of TestPowerLossKeepsWhatWasSynced.
@@ -47,8 +48,8 @@ func TestPowerLossKeepsWhatWasSynced(t *testing.T) {
 	t.Logf("seed %d (replay with %s=%d)", seed, powerLossSeedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 0x90e4))
 	mem := disk.NewMem(0)
-	c := Start(t, Options{DataServers: 3, Replicas: 2, ChunkSize: 256 << 10, StripeCount: 2, Mount: true, FS: mem,
-		ScrubRate: -1})
+	c := Start(t, Options{DataServers: 3, Layout: &weftv1.Layout{Replicas: 2, ChunkSize: 256 << 10, StripeCount: 2},
+		Mount: true, FS: mem, ScrubRate: -1, FailureTimeout: 2 * time.Second, KeepDataAddrs: true})
 	files := &fileModel{files: map[string]*fileStates{}}
 	names := &nameModel{}
 	rounds := 3

@@ -1,13 +1,10 @@
-package testservers
+package testcluster
 
 import (
-	"context"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -21,7 +18,7 @@ func TestNoClientSide(t *testing.T) {
 	for _, dep := range strings.Fields(string(out)) {
 		for _, bad := range []string{"github.com/weft-fs/weft/client", "github.com/weft-fs/weft/mount"} {
 			if dep == bad || strings.HasPrefix(dep, bad+"/") {
-				t.Errorf("testservers depends on %s", dep)
+				t.Errorf("testcluster depends on %s", dep)
 			}
 		}
 	}
@@ -58,29 +55,5 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("meta service moved from %s to %s", addr, s.MetaAddr())
 	}
 	s.waitChains(2)
-	cc, err := rpc.Dial(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	mc := weftv1.NewMetaClient(cc)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := mc.Status(ctx, &weftv1.StatusRequest{})
-		cancel()
-		online := 0
-		for _, srv := range st.GetServers() {
-			if srv.GetOnline() {
-				online++
-			}
-		}
-		if err == nil && online == 2 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("data servers online: %d, err %v", online, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	s.WaitOnline(2)
 }
