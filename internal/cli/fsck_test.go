@@ -14,8 +14,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/internal/testcluster"
+	"github.com/weft-fs/weft/internal/wire"
 	"github.com/weft-fs/weft/meta/kv"
 	"github.com/weft-fs/weft/meta/kv/pebblekv"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
