@@ -377,6 +377,11 @@ func TestFailureStatusWarnsWhileForwardsFail(t *testing.T) {
 		return nil
 	})
 	c.leavesDamage("chain_not_checked") // data server 2 is never reachable
+	// On one host, its Unix socket would reach it all the same: without
+	// the socket file, the other server and the mount use its address.
+	if err := os.Remove(filepath.Join(c.data[1].dir, "wire.sock")); err != nil {
+		t.Fatal(err)
+	}
 	mnt := c.mount("--unavailable-timeout", "3s")
 	// The write fails (EIO after the unavailable timeout) on every chain
 	// that reaches data server 2; status is asked meanwhile.
