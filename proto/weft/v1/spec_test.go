@@ -37,6 +37,7 @@ func TestEveryMetaMethodDeclaresItsCall(t *testing.T) {
 			{(c.Urgent || c.Quick) && !c.Batch, "urgent and quick are for batched calls"},
 			{c.ManagerOnly && c.Batch, "a call the manager serves is not a namespace call"},
 			{c.Quick && c.Changes, "a quick call only reads"},
+			{c.Retry == Retry_RETRY_REQUEST_ID && !c.Batch, "request ids travel in batches"},
 		} {
 			if bad.when {
 				t.Errorf("Meta method %s: %s", md.Name(), bad.why)
