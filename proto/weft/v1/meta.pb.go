@@ -3652,9 +3652,10 @@ type OpenSessionResponse struct {
 	// Addresses of every live meta server of the cluster (clients fail over
 	// between them).
 	MetaAddresses []string `protobuf:"bytes,3,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
-	// The lean path of the meta server that answered (the text form of a
-	// wire address: TCP, and a Unix socket for clients on its host), for
-	// batches of namespace calls without gRPC; empty if it has none.
+	// The lean path of the meta server that answered, where clients send
+	// their namespace calls (the text form of a wire address: its TCP part
+	// is the server's own address, where the lean path shares the gRPC
+	// port, and a Unix socket for clients on its host).
 	WireAddress string `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	// The meta service's incarnation when it records opens lazily (a crash
 	// may lose the latest): a client that sees it change replays its opens

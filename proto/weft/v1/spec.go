@@ -61,13 +61,13 @@ func MetaCallOf(method string) *MetaCall {
 	return unknownCall
 }
 
-// MetaCalls lists the behaviour of every Meta method, in the service's
-// order.
+// MetaCalls lists the behaviour of every Meta method.
 func MetaCalls() []*MetaCall {
-	sd := File_proto_weft_v1_meta_proto.Services().ByName("Meta")
-	out := make([]*MetaCall, 0, sd.Methods().Len())
-	for i := range sd.Methods().Len() {
-		out = append(out, metaCalls()[string(sd.Methods().Get(i).Name())])
+	var out []*MetaCall
+	for name, c := range metaCalls() {
+		if name == c.Name {
+			out = append(out, c)
+		}
 	}
 	return out
 }
