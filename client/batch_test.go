@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -246,5 +247,48 @@ func TestCutOffCallAppliedOnce(t *testing.T) {
 	}
 	if _, err := c.Lookup(ctx, root, 1, "moved"); err != nil {
 		t.Errorf("lookup of the renamed directory: %v", err)
+	}
+}
+
+// TestGetAttrTakesCallbacks: a getattr names this client's session, so the
+// meta service calls it back when another client changes the inode: a
+// directory's attributes that this client got by getattr alone (no
+// lookup) are not answered stale after another client's chmod.
+func TestGetAttrTakesCallbacks(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{OnInvalidate: func(*weftv1.Invalidation) {}, NoDelegations: true})
+	b := newTestClient(t, tc.metaAddr, Config{})
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.CallbacksLive() {
+		if time.Now().After(deadline) {
+			t.Fatal("callbacks not live after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d, err := b.Mkdir(ctx, root, 1, "d", 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.GetAttr(ctx, d.Ino); err != nil || got.Mode&0o777 != 0o755 {
+		t.Fatalf("getattr: %v, %v", got, err)
+	}
+	if _, err := b.SetAttr(ctx, &weftv1.SetAttrRequest{Caller: root, Ino: d.Ino,
+		Valid: uint32(weftv1.SetAttrValid_SETATTR_MODE), Mode: 0o700}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		got, err := a.GetAttr(ctx, d.Ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Mode&0o777 == 0o700 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("getattr still answers mode %o 10 s after another client's chmod to 700", got.Mode&0o777)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -5,35 +5,22 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// SessionHeader is the gRPC metadata key a client sets to its session id
-// on requests that carry no Caller (GetAttr), so that the meta service
-// can register its interest in what the reply caches.
-const SessionHeader = "weft-session"
-
-// requestSession is the session a request comes from: its Caller's, its
-// own session field (open, create), or the SessionHeader metadata.
-func requestSession(ctx context.Context, req any) string {
+// requestSession is the session a request comes from: its Caller's or
+// its own session field (getattr, open, create).
+func requestSession(req any) string {
 	if r, ok := req.(interface{ GetCaller() *weftv1.Caller }); ok {
 		if s := r.GetCaller().GetSession(); s != "" {
 			return s
 		}
 	}
 	if r, ok := req.(interface{ GetSession() string }); ok {
-		if s := r.GetSession(); s != "" {
-			return s
-		}
-	}
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(SessionHeader); len(v) > 0 {
-			return v[0]
-		}
+		return r.GetSession()
 	}
 	return ""
 }
@@ -49,7 +36,7 @@ func asMessage(v any) proto.Message {
 // context with its session so that the changes it makes are not called
 // back to it.
 func (s *Service) callbackInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	sess := requestSession(ctx, req)
+	sess := requestSession(req)
 	if sess == "" {
 		return handler(ctx, req)
 	}

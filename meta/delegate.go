@@ -374,7 +374,7 @@ func (s *Service) recallInterceptor(ctx context.Context, req any, info *grpc.Una
 	if s.deleg.n.Load() == 0 {
 		return handler(ctx, req)
 	}
-	sess := requestSession(ctx, req)
+	sess := requestSession(req)
 	for _, dir := range s.touchedDirs(ctx, info.FullMethod, req) {
 		if err := s.recall(ctx, dir, sess); err != nil {
 			return nil, err

@@ -664,8 +664,12 @@ func (x *AttrResponse) GetDelegation() *DelegateResponse {
 }
 
 type GetAttrRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ino   uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	// The calling client's session when it takes callbacks (empty
+	// otherwise): the meta service registers its interest in the inode, as
+	// it does for calls whose Caller names the session.
+	Session       string `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +709,13 @@ func (x *GetAttrRequest) GetIno() uint64 {
 		return x.Ino
 	}
 	return 0
+}
+
+func (x *GetAttrRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
 }
 
 // SetAttrRequest changes the fields named by valid (SetAttrValid bits).
@@ -6817,9 +6828,10 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x06parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\x06parent\x129\n" +
 	"\n" +
 	"delegation\x18\x03 \x01(\v2\x19.weft.v1.DelegateResponseR\n" +
-	"delegation\"\"\n" +
+	"delegation\"<\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
-	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xe3\x01\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\"\xe3\x01\n" +
 	"\x0eSetAttrRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
