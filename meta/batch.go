@@ -56,10 +56,9 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 	if len(req.Calls) > maxBatchCalls {
 		return nil, status.Errorf(codes.InvalidArgument, "batch of %d calls: at most %d may go in one batch", len(req.Calls), maxBatchCalls)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
 	resp := &weftv1.BatchResponse{Replies: make([]*weftv1.BatchReply, len(req.Calls))}
 	if len(req.Calls) == 1 {
-		resp.Replies[0] = s.runBatched(ctx, md, req.Calls[0])
+		resp.Replies[0] = s.runBatched(ctx, req.Calls[0])
 		return resp, nil
 	}
 	// Hold the calls' transactions for one commit only where the engine
@@ -78,28 +77,26 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 			if g != nil {
 				defer g.callDone()
 			}
-			resp.Replies[i] = s.runBatched(ctx, md, call)
+			resp.Replies[i] = s.runBatched(ctx, call)
 		}()
 	}
 	wg.Wait()
 	return resp, nil
 }
 
-// runBatched runs one call of a batch as if it had come alone: with the
-// batch's metadata and its own request id, through the service's
-// interceptors (errors to status, request ids, callbacks), into its
-// method's handler.
-func (s *Service) runBatched(ctx context.Context, md metadata.MD, call *weftv1.BatchCall) *weftv1.BatchReply {
+// runBatched runs one call of a batch as if it had come alone: with its
+// request id as the call's metadata, through the service's interceptors
+// (errors to status, request ids, callbacks), into its method's handler.
+func (s *Service) runBatched(ctx context.Context, call *weftv1.BatchCall) *weftv1.BatchReply {
 	m, ok := handlers[call.Method]
 	if !ok || !weftv1.MetaCallOf(call.Method).Batch {
 		return batchError(status.Errorf(codes.InvalidArgument, "batch: method %q cannot be batched; send it alone", call.Method))
 	}
-	callMD := md.Copy()
-	callMD.Delete(mdRequestID)
+	md := metadata.MD{}
 	if call.RequestId != "" {
-		callMD.Set(mdRequestID, call.RequestId)
+		md.Set(mdRequestID, call.RequestId)
 	}
-	ctx = metadata.NewIncomingContext(ctx, callMD)
+	ctx = metadata.NewIncomingContext(ctx, md)
 	dec := func(v any) error {
 		if err := proto.Unmarshal(call.Request, v.(proto.Message)); err != nil {
 			return status.Errorf(codes.InvalidArgument, "batch: decode the %s request: %v", call.Method, err)
