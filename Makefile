@@ -1,7 +1,7 @@
 # weft build and test entry points.
 GO ?= go
 
-.PHONY: build test vet fmt-check up bench bench-tmpfs soak fuzz clean
+.PHONY: build test vet fmt-check proto up bench bench-tmpfs soak fuzz clean
 
 build:
 	$(GO) build -o bin/weft ./cmd/weft
@@ -16,6 +16,14 @@ vet:
 fmt-check:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+# Regenerate the committed protobuf and gRPC code from proto/weft/v1/*.proto.
+# Needs protoc (3.21) and the plugins of the versions the generated files
+# name: go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+# google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+proto:
+	protoc -I . --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative proto/weft/v1/*.proto
 
 # Start the embedded default cluster (one meta, three data servers, FUSE
 # mount at ./weft-mnt). Ctrl-C stops it.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,8 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/weft-fs/weft/internal/fserr"
-	"github.com/weft-fs/weft/internal/rpc"
 	"github.com/weft-fs/weft/internal/wire"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
@@ -84,44 +81,26 @@ func TestConcurrentCallsBatch(t *testing.T) {
 		}
 	}
 	t.Logf("%d calls went in %d batches", c.conn.batch.batched.Load(), c.conn.batch.batches.Load())
-	if c.conn.batch.lean.Load() == nil || c.conn.batch.leanCalls.Load() == 0 {
-		t.Error("the meta service's lean path was not used")
-	}
 }
 
-// TestLeanPathFallsBack: with the meta server's lean path gone (its
-// listener closed), namespace calls go over gRPC and still succeed, and
-// the client stops using the lean path until a session answer names it
-// again.
-func TestLeanPathFallsBack(t *testing.T) {
+// TestFailoverToNextMetaServer: with the first meta server known
+// unreachable, session and namespace calls go to the next one.
+func TestFailoverToNextMetaServer(t *testing.T) {
 	tc := startCluster(t, nil, 1)
-	c := newTestClient(t, tc.metaAddr, Config{})
+	c := newTestClient(t, deadAddress(t)+","+tc.metaAddr, Config{})
 	ctx := context.Background()
-	w := c.conn.batch.lean.Load()
-	if w == nil {
-		t.Fatal("the session answer named no lean path")
-	}
-	if _, err := c.Mkdir(ctx, root, 1, "before", 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sent := c.conn.batch.leanCalls.Load()
-	if sent == 0 {
-		t.Fatal("mkdir did not go over the lean path")
-	}
-	// A lean path nobody serves: connections to it fail before sending.
-	c.conn.learnWire(deadAddress(t))
 	for i := range 5 {
-		if _, err := c.Mkdir(ctx, root, 1, fmt.Sprintf("after%d", i), 0o755); err != nil {
-			t.Fatalf("mkdir with the lean path down: %v", err)
+		if _, err := c.Mkdir(ctx, root, 1, fmt.Sprintf("d%d", i), 0o755); err != nil {
+			t.Fatalf("mkdir with the first meta server down: %v", err)
 		}
 	}
-	if c.conn.batch.lean.Load() != nil {
-		t.Error("the client kept a lean path that does not answer")
-	}
 	for i := range 5 {
-		if _, err := c.Lookup(ctx, root, 1, fmt.Sprintf("after%d", i)); err != nil {
-			t.Errorf("lookup after the fall-back: %v", err)
+		if _, err := c.Lookup(ctx, root, 1, fmt.Sprintf("d%d", i)); err != nil {
+			t.Errorf("lookup: %v", err)
 		}
+	}
+	if c.conn.batch.sent.Load() == 0 {
+		t.Error("no batch was sent")
 	}
 }
 
@@ -135,64 +114,6 @@ func deadAddress(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	return addr
-}
-
-// oldMeta is a meta service from before batches: it answers GetAttr and
-// knows no Batch.
-type oldMeta struct {
-	weftv1.UnimplementedMetaServer
-	getattrs atomic.Int64
-}
-
-func (m *oldMeta) GetAttr(_ context.Context, req *weftv1.GetAttrRequest) (*weftv1.AttrResponse, error) {
-	m.getattrs.Add(1)
-	time.Sleep(time.Millisecond) // so that callers pile up behind one another
-	if req.Ino == 0 {
-		return nil, fserr.ToStatus(fmt.Errorf("getattr of inode 0: %w", syscall.ENOENT))
-	}
-	return &weftv1.AttrResponse{Attr: &weftv1.Attr{Ino: req.Ino}}, nil
-}
-
-// TestBatchesFallBackAlone checks that a client talking to a meta service
-// without Batch sends its calls alone, with every answer intact.
-func TestBatchesFallBackAlone(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := rpc.NewServer()
-	old := &oldMeta{}
-	weftv1.RegisterMetaServer(srv, old)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	m, err := newMetaConn([]string{lis.Addr().String()}, 5*time.Second, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.close() })
-	mc := weftv1.NewMetaClient(m)
-	var wg sync.WaitGroup
-	for i := range 40 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ino := uint64(i % 10) // inode 0 fails
-			r, err := mc.GetAttr(context.Background(), &weftv1.GetAttrRequest{Ino: ino})
-			switch {
-			case ino == 0 && !errors.Is(err, syscall.ENOENT):
-				t.Errorf("getattr of inode 0: %v, want ENOENT", err)
-			case ino != 0 && (err != nil || r.Attr.Ino != ino):
-				t.Errorf("getattr of inode %d: %v, %v", ino, r, err)
-			}
-		}()
-	}
-	wg.Wait()
-	if !m.batch.off.Load() {
-		t.Error("the client did not notice that the meta service has no Batch")
-	}
-	if got := old.getattrs.Load(); got != 40 {
-		t.Errorf("the meta service answered %d getattrs, want 40", got)
-	}
 }
 
 // TestBatchedCallAppliedBefore: a call of a batch that the meta service
@@ -212,7 +133,7 @@ func TestBatchedCallAppliedBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	reply := new(weftv1.AttrResponse)
-	q := &queuedCall{ctx: ctx, name: "Mkdir", args: &weftv1.MkdirRequest{Caller: root, Parent: 1, Name: "made", Mode: 0o755}, reply: reply}
+	q := &queuedCall{ctx: ctx, call: weftv1.MetaCallOf("Mkdir"), args: &weftv1.MkdirRequest{Caller: root, Parent: 1, Name: "made", Mode: 0o755}, reply: reply}
 	if err := c.conn.batch.outcome(q, &weftv1.BatchReply{Status: st}); err != nil {
 		t.Fatalf("outcome of an already applied mkdir: %v", err)
 	}
@@ -238,11 +159,12 @@ func statusWithErrno(t *testing.T, code codes.Code, msg string, e syscall.Errno)
 	return st
 }
 
-// cutAfterAnswer is a TCP proxy to a lean path that lets requests through
-// and breaks both connections as soon as the server starts to answer
-// (after the preface): every call through it is applied by the server
-// and cut off before its answer reaches the client.
-func cutAfterAnswer(t *testing.T, upstream string) string {
+// cutOnce is a TCP proxy to a lean path that lets the requests of its
+// first connection through and breaks it as soon as the server starts to
+// answer (after the preface): a call through it is applied by the server
+// and cut off before its answer reaches the client. Later connections
+// pass through whole.
+func cutOnce(t *testing.T, upstream string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -250,7 +172,7 @@ func cutAfterAnswer(t *testing.T, upstream string) string {
 	}
 	t.Cleanup(func() { l.Close() })
 	go func() {
-		for {
+		for first := true; ; first = false {
 			down, err := l.Accept()
 			if err != nil {
 				return
@@ -260,19 +182,18 @@ func cutAfterAnswer(t *testing.T, upstream string) string {
 				down.Close()
 				continue
 			}
+			t.Cleanup(func() { down.Close(); up.Close() })
 			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := down.Read(buf)
-					if n > 0 {
-						up.Write(buf[:n])
-					}
-					if err != nil {
-						up.Close()
-						return
-					}
-				}
+				io.Copy(up, down)
+				up.Close()
 			}()
+			if !first {
+				go func() {
+					io.Copy(down, up)
+					down.Close()
+				}()
+				continue
+			}
 			go func() {
 				defer down.Close()
 				defer up.Close()
@@ -289,21 +210,30 @@ func cutAfterAnswer(t *testing.T, upstream string) string {
 	return l.Addr().String()
 }
 
-// TestLeanPathCutOffRetriesOnce: with several meta servers, a call cut off
-// on the lean path after the meta service applied it is sent again over
-// gRPC with the same request id, so it is not applied twice: the mkdir
-// and the rename succeed (their results read back) instead of failing
-// with EEXIST and ENOENT.
-func TestLeanPathCutOffRetriesOnce(t *testing.T) {
+// throughCutOnce makes c reach its meta server's lean path through a
+// fresh cutOnce proxy.
+func throughCutOnce(t *testing.T, c *Client, metaAddr string) {
+	t.Helper()
+	w := wire.NewMetaClient(cutOnce(t, metaAddr))
+	c.conn.mu.Lock()
+	old := c.conn.wires[metaAddr]
+	c.conn.wires[metaAddr] = w
+	c.conn.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+// TestCutOffCallAppliedOnce: with several meta servers, a call cut off
+// after the meta service applied it is sent again with the same request
+// id, so it is not applied twice: the mkdir and the rename succeed (their
+// results read back) instead of failing with EEXIST and ENOENT.
+func TestCutOffCallAppliedOnce(t *testing.T) {
 	tc := startCluster(t, nil, 1)
 	// A second address makes the client send request ids; nobody is there.
 	c := newTestClient(t, tc.metaAddr+","+deadAddress(t), Config{})
 	ctx := context.Background()
-	w := c.conn.batch.lean.Load()
-	if w == nil {
-		t.Fatal("the session answer named no lean path")
-	}
-	c.conn.learnWire(cutAfterAnswer(t, wire.ParseAddr(w.Addr()).TCP))
+	throughCutOnce(t, c, tc.metaAddr)
 	d, err := c.Mkdir(ctx, root, 1, "cut", 0o755)
 	if err != nil {
 		t.Fatalf("mkdir cut off after it was applied: %v", err)
@@ -311,11 +241,54 @@ func TestLeanPathCutOffRetriesOnce(t *testing.T) {
 	if got, err := c.Lookup(ctx, root, 1, "cut"); err != nil || got.Ino != d.Ino {
 		t.Fatalf("lookup after the mkdir: %v, %v; mkdir answered inode %d", got, err, d.Ino)
 	}
-	c.conn.learnWire(cutAfterAnswer(t, wire.ParseAddr(w.Addr()).TCP))
+	throughCutOnce(t, c, tc.metaAddr)
 	if err := c.Rename(ctx, root, 1, "cut", 1, "moved", 0); err != nil {
 		t.Fatalf("rename cut off after it was applied: %v", err)
 	}
 	if _, err := c.Lookup(ctx, root, 1, "moved"); err != nil {
 		t.Errorf("lookup of the renamed directory: %v", err)
+	}
+}
+
+// TestGetAttrTakesCallbacks: a getattr names this client's session, so the
+// meta service calls it back when another client changes the inode: a
+// directory's attributes that this client got by getattr alone (no
+// lookup) are not answered stale after another client's chmod.
+func TestGetAttrTakesCallbacks(t *testing.T) {
+	tc := startCluster(t, nil, 1)
+	ctx := context.Background()
+	a := newTestClient(t, tc.metaAddr, Config{OnInvalidate: func(*weftv1.Invalidation) {}, Testing: Testing{NoDelegations: true}})
+	b := newTestClient(t, tc.metaAddr, Config{})
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.CallbacksLive() {
+		if time.Now().After(deadline) {
+			t.Fatal("callbacks not live after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d, err := b.Mkdir(ctx, root, 1, "d", 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.GetAttr(ctx, d.Ino); err != nil || got.Mode&0o777 != 0o755 {
+		t.Fatalf("getattr: %v, %v", got, err)
+	}
+	if _, err := b.SetAttr(ctx, &weftv1.SetAttrRequest{Caller: root, Ino: d.Ino,
+		Valid: uint32(weftv1.SetAttrValid_SETATTR_MODE), Mode: 0o700}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		got, err := a.GetAttr(ctx, d.Ino)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Mode&0o777 == 0o700 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("getattr still answers mode %o 10 s after another client's chmod to 700", got.Mode&0o777)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

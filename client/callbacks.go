@@ -7,14 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/metadata"
-
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
-
-// sessionHeader is the gRPC metadata key carrying the session on requests
-// without a Caller (the meta service registers callbacks against it).
-const sessionHeader = "weft-session"
 
 // Callback stream reconnection backoff.
 const (
@@ -196,13 +190,13 @@ func (c *Client) dropReadCaches(inv *weftv1.Invalidation) {
 	}
 }
 
-// withSession adds the session header to a call without a Caller when
-// callbacks are on.
-func (c *Client) withSession(ctx context.Context) context.Context {
+// callbackSession is the session a call without a Caller names
+// (GetAttrRequest.session): this client's when callbacks are on, else "".
+func (c *Client) callbackSession() string {
 	if !c.cb.on.Load() {
-		return ctx
+		return ""
 	}
-	return metadata.AppendToOutgoingContext(ctx, sessionHeader, c.Session())
+	return c.Session()
 }
 
 // Forget tells the meta service that inodes are no longer cached here

@@ -216,14 +216,18 @@ func (d *dirCache) dropEntryLocked(dir uint64, name string) {
 	}
 }
 
-// clearsFileAttrs lists the meta calls of this client after which no kept
+// clearsFileAttrs holds the meta calls of this client after which no kept
 // file's attributes can be trusted (the meta service does not call its
-// own session back).
-var clearsFileAttrs = map[string]bool{
-	"Create": true, "Mkdir": true, "Unlink": true, "Rmdir": true, "Rename": true, "Link": true,
-	"Symlink": true, "SetAttr": true, "CommitWrite": true, "SetXattr": true, "RemoveXattr": true,
-	"SetLayout": true, "CreateMany": true,
-}
+// own session back): those whose call option says changes.
+var clearsFileAttrs = func() map[string]bool {
+	m := make(map[string]bool)
+	for _, c := range weftv1.MetaCalls() {
+		if c.Changes {
+			m[c.Name] = true
+		}
+	}
+	return m
+}()
 
 // cachedFileAttr returns the attributes of the regular file name in dir
 // if they are kept and callbacks are live.

@@ -4,9 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -31,39 +30,19 @@ const (
 	connectWait = time.Second
 	// roundPause is the pause after every known meta server failed once.
 	roundPause = 200 * time.Millisecond
-	// mdRequestID carries the id of a namespace operation that changes
-	// something (see meta/ha_requests.go); alreadyApplied is the message
-	// of the answer to one applied before.
-	mdRequestID    = "weft-request-id"
+	// alreadyApplied is the message of the answer to a request applied
+	// before (see meta/ha_requests.go).
 	alreadyApplied = "weft: request already applied"
-	metaMethod     = "/weft.v1.Meta/"
 )
-
-// mutating lists the Meta methods that change the namespace in one
-// transaction: with several meta servers they carry a request id, so that
-// one cut off in flight is retried on another meta server and still
-// applied once.
-var mutating = map[string]bool{
-	"Create": true, "Mkdir": true, "Unlink": true, "Rmdir": true, "Rename": true, "Link": true,
-	"Symlink": true, "SetAttr": true, "Open": true, "Release": true, "CommitWrite": true,
-	"SetXattr": true, "RemoveXattr": true, "SetLayout": true,
-}
-
-// idempotent lists the Meta methods that may simply be sent again after
-// being cut off in flight.
-var idempotent = map[string]bool{
-	"Lookup": true, "GetAttr": true, "Readlink": true, "ReadDir": true, "Access": true, "StatFS": true,
-	"GetXattr": true, "ListXattr": true, "GetLayout": true, "GetChains": true, "Status": true,
-	"OpenSession": true, "RenewSession": true, "CloseSession": true, "GetLock": true,
-	// The mutating calls of a batch carry their own request ids.
-	"Batch": true,
-	// Taking or releasing the same lock again for the same owner leaves
-	// the same locks: a lock request may be resent too.
-	"SetLock": true,
-}
 
 // metaConn is the connection to the meta service as the Client uses it,
 // and the one place that knows there may be several meta servers.
+//
+// Namespace calls (methods whose call option says batch, see
+// weftv1.MetaCallOf) go over the meta server's lean path, in batches
+// (batch.go); the lean path shares the meta server's port with gRPC, so a
+// meta server's address names both. Session, lock, cluster and callback
+// calls go over gRPC.
 //
 // With one address a call waits while the service is unreachable (a
 // restarting `weft meta`) instead of failing at once, up to the caller's
@@ -71,15 +50,15 @@ var idempotent = map[string]bool{
 // namespace operation is applied twice.
 //
 // With several addresses (configured, and learned from the session
-// answers) a call goes to the meta server in use; one that is not
-// connected within connectWait is left for the next. A call cut off in
-// flight is sent again to the next meta server if it is idempotent or
-// carries a request id (namespace operations that change something): the
-// meta service applies a request id once and answers a repeat with
-// "already applied", upon which the result is read back (a lookup of the
-// new name, the inode's attributes). Other calls cut off in flight fail.
-// The session lives in the metadata store, so it is valid on every meta
-// server.
+// answers) a call goes to the meta server in use; one that cannot be
+// reached is left for the next. A call cut off in flight is sent again to
+// the next meta server as its method's retry says: calls that change
+// nothing simply, namespace operations that change something with their
+// request id, which the meta service applies once and answers a repeat of
+// with "already applied", upon which the result is read back (a lookup of
+// the new name, the inode's attributes). Other calls cut off in flight
+// fail. The session lives in the metadata store, so it is valid on every
+// meta server.
 type metaConn struct {
 	wait time.Duration
 	log  *slog.Logger
@@ -87,7 +66,8 @@ type metaConn struct {
 	mu    sync.Mutex
 	addrs []string
 	conns map[string]*grpc.ClientConn
-	cur   int // index in addrs of the meta server in use
+	wires map[string]*wire.Client // lean paths, by meta server address
+	cur   int                     // index in addrs of the meta server in use
 
 	batch batcher // concurrent namespace calls go together (batch.go)
 
@@ -99,7 +79,7 @@ type metaConn struct {
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
-	m := &metaConn{wait: wait, log: log, conns: make(map[string]*grpc.ClientConn)}
+	m := &metaConn{wait: wait, log: log, conns: make(map[string]*grpc.ClientConn), wires: make(map[string]*wire.Client)}
 	m.batch.m = m
 	for _, a := range addrs {
 		if a = strings.TrimSpace(a); a != "" && !slices.Contains(m.addrs, a) {
@@ -165,20 +145,25 @@ func (m *metaConn) learn(addrs []string) {
 	}
 }
 
-// learnWire takes the lean path address a session answer named (""
-// none): namespace calls go there from now on (batch.go). The lean path
-// is not used when WEFT_META_WIRE=off is in the environment.
-func (m *metaConn) learnWire(addr string) {
-	if addr == "" || leanMetaOff {
-		if old := m.batch.lean.Swap(nil); old != nil {
-			old.Close()
-		}
+// learnWire takes the lean path address a session answer named: its Unix
+// socket (and the identity that socket must answer) is used for the meta
+// server in use from now on; the TCP part is always the address the
+// client dials.
+func (m *metaConn) learnWire(text string) {
+	a := wire.ParseAddr(text)
+	if a.Unix == "" {
 		return
 	}
-	if old := m.batch.lean.Load(); old != nil && old.Addr() == addr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	addr := m.addrs[m.cur]
+	a.TCP = addr
+	old := m.wires[addr]
+	if old != nil && old.Addr() == a.String() {
 		return
 	}
-	if old := m.batch.lean.Swap(wire.NewMetaClient(addr)); old != nil {
+	m.wires[addr] = wire.NewMetaClient(a.String())
+	if old != nil {
 		// Batches may still be on their way over it.
 		time.AfterFunc(leanRetire, func() { old.Close() })
 	}
@@ -188,8 +173,19 @@ func (m *metaConn) learnWire(addr string) {
 // open for the batches sent over it.
 const leanRetire = time.Minute
 
-// leanMetaOff is WEFT_META_WIRE=off: namespace calls over gRPC only.
-var leanMetaOff = os.Getenv("WEFT_META_WIRE") == "off"
+// currentWire returns the meta server in use, its lean path and how many
+// meta servers are known.
+func (m *metaConn) currentWire() (string, *wire.Client, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.addrs[m.cur]
+	w := m.wires[a]
+	if w == nil {
+		w = wire.NewMetaClient(a)
+		m.wires[a] = w
+	}
+	return a, w, len(m.addrs)
+}
 
 // addresses lists the known meta servers.
 func (m *metaConn) addresses() []string {
@@ -199,11 +195,12 @@ func (m *metaConn) addresses() []string {
 }
 
 func (m *metaConn) close() error {
-	if w := m.batch.lean.Swap(nil); w != nil {
-		w.Close()
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for a, w := range m.wires {
+		w.Close()
+		delete(m.wires, a)
+	}
 	var first error
 	for a, cc := range m.conns {
 		if err := cc.Close(); err != nil && first == nil {
@@ -244,8 +241,9 @@ func (m *metaConn) several() bool {
 	return len(m.addrs) > 1
 }
 
-// Invoke implements grpc.ClientConnInterface. Namespace calls made while
-// another is in flight go together in a batch (batch.go).
+// Invoke implements grpc.ClientConnInterface: namespace calls go over
+// the lean path, together in a batch with those made meanwhile
+// (batch.go); other calls over gRPC.
 func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	if m.before != nil {
 		if err := m.before(ctx, method); err != nil {
@@ -255,19 +253,21 @@ func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, o
 	if m.after != nil {
 		defer m.after(method)
 	}
-	if name, ok := strings.CutPrefix(method, metaMethod); ok && batchMethods[name] && !m.batch.off.Load() {
+	call := weftv1.MetaCallOf(method)
+	if call.Batch {
 		a, aok := args.(proto.Message)
 		r, rok := reply.(proto.Message)
-		if aok && rok {
-			return m.batch.invoke(ctx, method, name, a, r)
+		if !aok || !rok {
+			return status.Errorf(codes.Internal, "meta call %s: request or reply is not a protobuf message", method)
 		}
+		return m.batch.invoke(ctx, call, a, r)
 	}
-	return m.invokeAlone(ctx, method, args, reply, opts...)
+	return m.invokeGRPC(ctx, call, args, reply, opts...)
 }
 
-// invokeAlone sends one call (or one batch) to the meta service, failing
-// over between meta servers.
-func (m *metaConn) invokeAlone(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+// invokeGRPC sends one call to the meta service over gRPC, failing over
+// between meta servers.
+func (m *metaConn) invokeGRPC(ctx context.Context, call *weftv1.MetaCall, args, reply any, opts ...grpc.CallOption) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.wait)
@@ -275,53 +275,70 @@ func (m *metaConn) invokeAlone(ctx context.Context, method string, args, reply a
 	}
 	addr, cc, n := m.current()
 	if n == 1 {
-		return cc.Invoke(ctx, method, args, reply, append(opts, grpc.WaitForReady(true))...)
-	}
-	name := strings.TrimPrefix(method, metaMethod)
-	retry := idempotent[name]
-	sent := false // a try of this call may have reached a meta server
-	if mutating[name] {
-		retry = true
-		id, tried := ctx.Value(requestIDKey{}).(string)
-		if !tried {
-			id = newRequestID()
-		}
-		// A call tried before (on the lean path) keeps its id, so the meta
-		// service applies it once, and may have been applied.
-		sent = tried
-		ctx = metadata.AppendToOutgoingContext(ctx, mdRequestID, id)
+		return cc.Invoke(ctx, call.FullName, args, reply, append(opts, grpc.WaitForReady(true))...)
 	}
 	tried := 0
 	for {
 		if ready(ctx, cc) {
-			err := cc.Invoke(ctx, method, args, reply, opts...)
-			switch {
-			case err == nil:
-				return nil
-			case sent && status.Code(err) == codes.Aborted && strings.Contains(err.Error(), alreadyApplied):
-				return m.readBack(ctx, name, args, reply)
-			case status.Code(err) != codes.Unavailable || !retry || ctx.Err() != nil:
+			err := cc.Invoke(ctx, call.FullName, args, reply, opts...)
+			if err == nil || status.Code(err) != codes.Unavailable || call.Retry != weftv1.Retry_RETRY_RESEND || ctx.Err() != nil {
 				return err
 			}
-			sent = true
 		} else if ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
 		}
 		m.next(addr)
 		if tried++; tried%n == 0 {
-			select {
-			case <-ctx.Done():
-				return status.FromContextError(ctx.Err()).Err()
-			case <-time.After(roundPause):
+			if err := pause(ctx); err != nil {
+				return err
 			}
 		}
 		addr, cc, n = m.current()
 	}
 }
 
+// roundTrip sends a batch to the meta server in use over its lean path.
+// A batch that never left (the server cannot be reached) goes again, to
+// the next meta server when there are several, after a pause once every
+// one was tried, until ctx ends; one cut off in flight moves the client
+// to the next meta server and returns the error: its calls are the
+// caller's to send again or fail.
+func (m *metaConn) roundTrip(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.BatchResponse, error) {
+	tried := 0
+	for {
+		addr, w, n := m.currentWire()
+		resp, err := w.Batch(ctx, req)
+		notSent := errors.Is(err, wire.ErrNotSent) && status.Code(err) == codes.Unavailable
+		if err == nil || !notSent || ctx.Err() != nil {
+			if status.Code(err) == codes.Unavailable && n > 1 {
+				m.next(addr)
+			}
+			return resp, err
+		}
+		if n > 1 {
+			m.next(addr)
+		}
+		if tried++; tried%n == 0 {
+			if err := pause(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// pause waits roundPause, or until ctx ends (its error).
+func pause(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-time.After(roundPause):
+		return nil
+	}
+}
+
 // readBack fills reply for a request the meta service had applied before
 // it was cut off: with what the namespace holds now.
-func (m *metaConn) readBack(ctx context.Context, name string, args, reply any) error {
+func (m *metaConn) readBack(ctx context.Context, args, reply any) error {
 	mc := weftv1.NewMetaClient(m)
 	lookup := func(c *weftv1.Caller, parent uint64, n string) (*weftv1.Attr, error) {
 		r, err := mc.Lookup(ctx, &weftv1.LookupRequest{Caller: c, Parent: parent, Name: n})
@@ -369,10 +386,6 @@ func (m *metaConn) readBack(ctx context.Context, name string, args, reply any) e
 	}
 	return nil
 }
-
-// requestIDKey carries the request id a call was sent with before (on the
-// lean path), for a try over gRPC.
-type requestIDKey struct{}
 
 // newRequestID makes a request id: the time first, so the meta service
 // can drop old ids in order.

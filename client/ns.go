@@ -103,7 +103,7 @@ func (c *Client) getAttr(ctx context.Context, ino uint64) (*weftv1.Attr, error) 
 	gen := c.attrGen(ino)
 	tok, track := c.dirToken()
 	c.countMeta()
-	resp, err := c.meta.GetAttr(c.withSession(ctx), &weftv1.GetAttrRequest{Ino: ino})
+	resp, err := c.meta.GetAttr(ctx, &weftv1.GetAttrRequest{Ino: ino, Session: c.callbackSession()})
 	if err != nil {
 		return nil, err
 	}

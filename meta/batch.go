@@ -17,7 +17,7 @@ import (
 )
 
 // Batches. A client sends the namespace calls its callers make at the
-// same time as one Batch (client/batch.go). Each call of a batch runs in
+// same time as one batch over the lean path (wire.go, client/batch.go). Each call of a batch runs in
 // its own goroutine through the same interceptors and handler as a call
 // sent alone, so a batch changes nothing but the cost: one round trip and
 // one gRPC dispatch for many calls, whose transactions are handed to the
@@ -26,43 +26,25 @@ import (
 // maxBatchCalls bounds the calls of one batch.
 const maxBatchCalls = 256
 
-// batchable lists the methods a batch may carry: namespace calls that
-// answer at once. Lock waits, sessions, the cluster manager's calls and
-// streams are sent alone.
-var batchable = func() map[string]grpc.MethodDesc {
-	names := []string{"Lookup", "GetAttr", "SetAttr", "Create", "Mkdir", "Unlink", "Rmdir", "Rename",
-		"Link", "Symlink", "Readlink", "Open", "Release", "Access", "CommitWrite", "GetXattr", "SetXattr",
-		"ListXattr", "RemoveXattr", "Delegate", "ReturnDelegation", "CreateMany", "RecordOpens"}
-	all := make(map[string]grpc.MethodDesc)
+// handlers holds the Meta methods' handlers by name; which of them a
+// batch may carry says their call option (weftv1.MetaCallOf(...).Batch).
+var handlers = func() map[string]grpc.MethodDesc {
+	out := make(map[string]grpc.MethodDesc, len(weftv1.Meta_ServiceDesc.Methods))
 	for _, m := range weftv1.Meta_ServiceDesc.Methods {
-		all[m.MethodName] = m
-	}
-	out := make(map[string]grpc.MethodDesc, len(names))
-	for _, n := range names {
-		m, ok := all[n]
-		if !ok {
-			panic("meta: batchable method " + n + " is not a Meta method")
-		}
-		out[n] = m
+		out[m.MethodName] = m
 	}
 	return out
 }()
 
-// quickMethods are the batchable calls that answer at once on the
-// embedded engine: reads of the namespace, which wait for nothing but a
-// recall of a delegation (and say so: wire.WillBlock).
-var quickMethods = map[string]bool{"Lookup": true, "GetAttr": true, "Readlink": true, "Access": true,
-	"GetXattr": true, "ListXattr": true}
-
 // QuickBatch reports whether every call of req is one that answers at
-// once (wire.QuickBatcher): the lean path then serves it on the goroutine
+// once (quick in its call option; wire.QuickBatcher): the lean path then serves it on the goroutine
 // that read it. Never on an engine that commits over the network (etcd).
 func (s *Service) QuickBatch(req *weftv1.BatchRequest) bool {
 	if s.epoch == "" {
 		return false
 	}
 	for _, c := range req.Calls {
-		if !quickMethods[c.Method] {
+		if !weftv1.MetaCallOf(c.Method).Quick {
 			return false
 		}
 	}
@@ -74,10 +56,9 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 	if len(req.Calls) > maxBatchCalls {
 		return nil, status.Errorf(codes.InvalidArgument, "batch of %d calls: at most %d may go in one batch", len(req.Calls), maxBatchCalls)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
 	resp := &weftv1.BatchResponse{Replies: make([]*weftv1.BatchReply, len(req.Calls))}
 	if len(req.Calls) == 1 {
-		resp.Replies[0] = s.runBatched(ctx, md, req.Calls[0])
+		resp.Replies[0] = s.runBatched(ctx, req.Calls[0])
 		return resp, nil
 	}
 	// Hold the calls' transactions for one commit only where the engine
@@ -96,28 +77,26 @@ func (s *Service) Batch(ctx context.Context, req *weftv1.BatchRequest) (*weftv1.
 			if g != nil {
 				defer g.callDone()
 			}
-			resp.Replies[i] = s.runBatched(ctx, md, call)
+			resp.Replies[i] = s.runBatched(ctx, call)
 		}()
 	}
 	wg.Wait()
 	return resp, nil
 }
 
-// runBatched runs one call of a batch as if it had come alone: with the
-// batch's metadata and its own request id, through the service's
-// interceptors (errors to status, request ids, callbacks), into its
-// method's handler.
-func (s *Service) runBatched(ctx context.Context, md metadata.MD, call *weftv1.BatchCall) *weftv1.BatchReply {
-	m, ok := batchable[call.Method]
-	if !ok {
+// runBatched runs one call of a batch as if it had come alone: with its
+// request id as the call's metadata, through the service's interceptors
+// (errors to status, request ids, callbacks), into its method's handler.
+func (s *Service) runBatched(ctx context.Context, call *weftv1.BatchCall) *weftv1.BatchReply {
+	m, ok := handlers[call.Method]
+	if !ok || !weftv1.MetaCallOf(call.Method).Batch {
 		return batchError(status.Errorf(codes.InvalidArgument, "batch: method %q cannot be batched; send it alone", call.Method))
 	}
-	callMD := md.Copy()
-	callMD.Delete(mdRequestID)
+	md := metadata.MD{}
 	if call.RequestId != "" {
-		callMD.Set(mdRequestID, call.RequestId)
+		md.Set(mdRequestID, call.RequestId)
 	}
-	ctx = metadata.NewIncomingContext(ctx, callMD)
+	ctx = metadata.NewIncomingContext(ctx, md)
 	dec := func(v any) error {
 		if err := proto.Unmarshal(call.Request, v.(proto.Message)); err != nil {
 			return status.Errorf(codes.InvalidArgument, "batch: decode the %s request: %v", call.Method, err)

@@ -2,109 +2,33 @@ package meta
 
 import (
 	"context"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// SessionHeader is the gRPC metadata key a client sets to its session id
-// on requests that carry no Caller (GetAttr), so that the meta service
-// can register its interest in what the reply caches.
-const SessionHeader = "weft-session"
-
-// requestSession is the session a request comes from: its Caller's, its
-// own session field (open, create), or the SessionHeader metadata.
-func requestSession(ctx context.Context, req any) string {
+// requestSession is the session a request comes from: its Caller's or
+// its own session field (getattr, open, create).
+func requestSession(req any) string {
 	if r, ok := req.(interface{ GetCaller() *weftv1.Caller }); ok {
 		if s := r.GetCaller().GetSession(); s != "" {
 			return s
 		}
 	}
 	if r, ok := req.(interface{ GetSession() string }); ok {
-		if s := r.GetSession(); s != "" {
-			return s
-		}
-	}
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(SessionHeader); len(v) > 0 {
-			return v[0]
-		}
+		return r.GetSession()
 	}
 	return ""
 }
 
-// interestBefore lists the inodes a request will read that its reply lets
-// the client cache and that are known before it runs: they are registered
-// before the read, so no change can slip in between.
-func interestBefore(req any) []uint64 {
-	switch r := req.(type) {
-	case *weftv1.LookupRequest:
-		return []uint64{r.Parent} // its names, also missing ones
-	case *weftv1.GetAttrRequest:
-		return []uint64{r.Ino}
-	case *weftv1.SetAttrRequest:
-		return []uint64{r.Ino}
-	case *weftv1.CreateRequest:
-		return []uint64{r.Parent}
-	case *weftv1.MkdirRequest:
-		return []uint64{r.Parent}
-	case *weftv1.SymlinkRequest:
-		return []uint64{r.Parent}
-	case *weftv1.LinkRequest:
-		return []uint64{r.Ino, r.NewParent}
-	case *weftv1.ReadDirRequest:
-		return []uint64{r.Ino}
-	case *weftv1.OpenRequest:
-		return []uint64{r.Ino}
-	case *weftv1.CommitWriteRequest:
-		return []uint64{r.Ino}
-	case *weftv1.CreateManyRequest:
-		var inos []uint64
-		for _, f := range r.Files {
-			if len(inos) == 0 || inos[len(inos)-1] != f.Parent {
-				inos = append(inos, f.Parent)
-			}
-		}
-		return inos
-	}
-	return nil
-}
-
-// interestAfter lists the inodes a reply lets the client cache that were
-// not known before the request ran.
-func interestAfter(resp any) []uint64 {
-	switch r := resp.(type) {
-	case *weftv1.AttrResponse:
-		return []uint64{r.GetAttr().GetIno()}
-	case *weftv1.CreateResponse:
-		return []uint64{r.GetAttr().GetIno()}
-	case *weftv1.DelegateResponse:
-		if r.Dir != nil {
-			return []uint64{r.Dir.Ino}
-		}
-	case *weftv1.CreateManyResponse:
-		var inos []uint64
-		for _, f := range r.Results {
-			if f.Attr != nil {
-				inos = append(inos, f.Attr.Ino)
-			}
-		}
-		return inos
-	case *weftv1.ReadDirResponse:
-		var inos []uint64
-		for _, e := range r.Entries {
-			if e.Attr != nil {
-				inos = append(inos, e.Ino)
-			}
-		}
-		return inos
-	}
-	return nil
+// asMessage is v as a message (nil if it is none).
+func asMessage(v any) proto.Message {
+	m, _ := v.(proto.Message)
+	return m
 }
 
 // callbackInterceptor registers, for requests of a session, the session's
@@ -112,23 +36,27 @@ func interestAfter(resp any) []uint64 {
 // context with its session so that the changes it makes are not called
 // back to it.
 func (s *Service) callbackInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	sess := requestSession(ctx, req)
+	sess := requestSession(req)
 	if sess == "" {
 		return handler(ctx, req)
 	}
-	if strings.HasSuffix(info.FullMethod, "/CloseSession") {
+	if info.FullMethod == weftv1.Meta_CloseSession_FullMethodName {
 		resp, err := handler(ctx, req)
 		if err == nil {
 			s.cb.endSession(sess)
 		}
 		return resp, err
 	}
-	before := interestBefore(req)
-	s.cb.register(sess, 0, before...)
+	// The inodes the reply lets the session cache (interest and
+	// reply_interest in the method's call option): those known before
+	// the call are registered before it reads, so no change slips in
+	// between.
+	call := weftv1.MetaCallOf(info.FullMethod)
+	s.cb.register(sess, 0, call.Interest(asMessage(req))...)
 	mark := s.cb.mark()
 	resp, err := handler(withOrigin(ctx, sess), req)
 	if err == nil {
-		s.cb.register(sess, mark, interestAfter(resp)...)
+		s.cb.register(sess, mark, call.ReplyInterest(asMessage(resp))...)
 	}
 	return resp, err
 }

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/metadata"
-
 	"github.com/weft-fs/weft/internal/etcdtest"
 	"github.com/weft-fs/weft/internal/rpc"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
@@ -195,8 +193,7 @@ func (w *watcher) expect(what string, ino, parent uint64, name string) {
 
 func (w *watcher) getattr(ino uint64) *weftv1.Attr {
 	w.t.Helper()
-	ctx := metadata.AppendToOutgoingContext(context.Background(), SessionHeader, w.session)
-	r, err := w.m.GetAttr(ctx, &weftv1.GetAttrRequest{Ino: ino})
+	r, err := w.m.GetAttr(context.Background(), &weftv1.GetAttrRequest{Ino: ino, Session: w.session})
 	if err != nil {
 		w.t.Fatal(err)
 	}

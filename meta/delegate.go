@@ -314,8 +314,8 @@ func (s *Service) recallInterceptor(ctx context.Context, req any, info *grpc.Una
 	if s.deleg.n.Load() == 0 {
 		return handler(ctx, req)
 	}
-	sess := requestSession(ctx, req)
-	for _, dir := range s.touchedDirs(ctx, req) {
+	sess := requestSession(req)
+	for _, dir := range s.touchedDirs(ctx, info.FullMethod, req) {
 		if err := s.recall(ctx, dir, sess); err != nil {
 			return nil, err
 		}
@@ -324,42 +324,16 @@ func (s *Service) recallInterceptor(ctx context.Context, req any, info *grpc.Una
 }
 
 // touchedDirs lists the directories whose entries or attributes a call
-// reads or changes (only asked while delegations exist).
-func (s *Service) touchedDirs(ctx context.Context, req any) []uint64 {
-	switch r := req.(type) {
-	case *weftv1.LookupRequest:
-		return []uint64{r.Parent}
-	case *weftv1.GetAttrRequest:
-		return []uint64{r.Ino}
-	case *weftv1.SetAttrRequest:
-		return []uint64{r.Ino}
-	case *weftv1.CreateRequest:
-		return []uint64{r.Parent}
-	case *weftv1.MkdirRequest:
-		return []uint64{r.Parent}
-	case *weftv1.SymlinkRequest:
-		return []uint64{r.Parent}
-	case *weftv1.LinkRequest:
-		return []uint64{r.NewParent}
-	case *weftv1.ReadDirRequest:
-		return []uint64{r.Ino}
-	case *weftv1.OpenRequest:
-		return []uint64{r.Ino}
-	case *weftv1.RemoveRequest:
-		// Removing a delegated directory needs what was made in it.
-		return append([]uint64{r.Parent}, s.entryIno(ctx, r.Parent, r.Name)...)
-	case *weftv1.RenameRequest:
-		return append([]uint64{r.OldParent, r.NewParent}, s.entryIno(ctx, r.NewParent, r.NewName)...)
-	case *weftv1.CreateManyRequest:
-		dirs := make([]uint64, 0, 1)
-		for _, f := range r.Files {
-			if len(dirs) == 0 || dirs[len(dirs)-1] != f.Parent {
-				dirs = append(dirs, f.Parent)
-			}
-		}
-		return dirs
+// reads or changes (dirs and entries in its call option; only asked
+// while delegations exist).
+func (s *Service) touchedDirs(ctx context.Context, method string, req any) []uint64 {
+	call := weftv1.MetaCallOf(method)
+	msg := asMessage(req)
+	dirs := call.Dirs(msg)
+	for _, e := range call.Entries(msg) {
+		dirs = append(dirs, s.entryIno(ctx, e.Parent, e.Name)...)
 	}
-	return nil
+	return dirs
 }
 
 // entryIno returns the inode of name in parent if it is a delegated

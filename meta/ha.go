@@ -273,7 +273,7 @@ func (h *ha) pollLiveness(ctx context.Context, every time.Duration) {
 		}
 		resp := new(weftv1.StatusResponse)
 		cctx, cancel := context.WithTimeout(ctx, every)
-		err := h.forward(metadata.AppendToOutgoingContext(cctx, mdLiveness, "1"), statusMethod, &weftv1.StatusRequest{}, resp)
+		err := h.forward(metadata.AppendToOutgoingContext(cctx, mdLiveness, "1"), weftv1.Meta_Status_FullMethodName, &weftv1.StatusRequest{}, resp)
 		cancel()
 		if err != nil {
 			h.noteNoLeader()
@@ -309,7 +309,7 @@ func (h *ha) forward(ctx context.Context, method string, req, resp any) error {
 	}
 	id, addr := h.leader()
 	if addr == "" || id == h.cfg.ID {
-		if managerOnly[method] {
+		if weftv1.MetaCallOf(method).ManagerOnly {
 			return h.forwardToPeers(ctx, method, req, resp)
 		}
 		return errNoManager(nil)

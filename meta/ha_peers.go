@@ -24,12 +24,6 @@ import (
 // server cut off etcd would never reach the new manager and be marked
 // offline by it.
 
-// managerOnly lists the calls that only the elected manager answers when
-// they are marked forwarded.
-var managerOnly = map[string]bool{
-	registerServerMethod: true, heartbeatMethod: true, reportSyncedMethod: true, removeTargetMethod: true,
-}
-
 // peerTryTimeout bounds the try of one other meta server.
 const peerTryTimeout = time.Second
 

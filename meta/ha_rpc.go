@@ -13,19 +13,6 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Full names of the Meta methods the HA interceptor treats specially.
-const (
-	methodPrefix         = "/weft.v1.Meta/"
-	registerServerMethod = methodPrefix + "RegisterServer"
-	heartbeatMethod      = methodPrefix + "Heartbeat"
-	reportSyncedMethod   = methodPrefix + "ReportSynced"
-	removeTargetMethod   = methodPrefix + "RemoveTarget"
-	statusMethod         = methodPrefix + "Status"
-	getChainsMethod      = methodPrefix + "GetChains"
-	openSessionMethod    = methodPrefix + "OpenSession"
-	renewSessionMethod   = methodPrefix + "RenewSession"
-)
-
 // haInterceptor is the meta server's first unary interceptor. In a
 // follower it forwards the calls that need the manager's in-memory state
 // (registrations, heartbeats, sync reports, target removal, status) to
@@ -37,8 +24,7 @@ const (
 // ha_requests.go).
 func (s *Service) haInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	h := s.ha
-	switch info.FullMethod {
-	case registerServerMethod, heartbeatMethod, reportSyncedMethod, removeTargetMethod:
+	if weftv1.MetaCallOf(info.FullMethod).ManagerOnly {
 		resp, err := s.managerCall(ctx, info.FullMethod, req, handler)
 		_, addr := h.leader()
 		// resp may hold a nil pointer when the call failed; an answer
@@ -54,16 +40,18 @@ func (s *Service) haInterceptor(ctx context.Context, req any, info *grpc.UnarySe
 			}
 		}
 		return resp, err
-	case statusMethod:
+	}
+	switch info.FullMethod {
+	case weftv1.Meta_Status_FullMethodName:
 		return s.haStatus(ctx, req, handler)
-	case getChainsMethod:
+	case weftv1.Meta_GetChains_FullMethodName:
 		if !h.managing() {
 			if err := s.cluster.(*cluster.Manager).Refresh(ctx, false); err != nil {
 				s.log.Warn("reload the chain table before GetChains", "err", err)
 			}
 		}
 		return handler(ctx, req)
-	case openSessionMethod, renewSessionMethod:
+	case weftv1.Meta_OpenSession_FullMethodName, weftv1.Meta_RenewSession_FullMethodName:
 		resp, err := handler(ctx, req)
 		if err != nil {
 			// resp is a nil pointer (e.g. the renewal of a session that
@@ -98,19 +86,9 @@ func (s *Service) managerCall(ctx context.Context, method string, req any, handl
 	if isForwarded(ctx) {
 		return nil, errNoManager(fmt.Errorf("%w (the call was forwarded to it)", cluster.ErrNotLeader))
 	}
-	var resp any
-	switch method {
-	case registerServerMethod:
-		resp = new(weftv1.RegisterServerResponse)
-	case heartbeatMethod:
-		resp = new(weftv1.HeartbeatResponse)
-	case reportSyncedMethod:
-		resp = new(weftv1.ReportSyncedResponse)
-	case removeTargetMethod:
-		resp = new(weftv1.RemoveTargetResponse)
-	}
+	resp := weftv1.MetaCallOf(method).Reply.New().Interface()
 	err := h.forward(ctx, method, req, resp)
-	if err != nil && method == heartbeatMethod && isNoManager(err) {
+	if err != nil && method == weftv1.Meta_Heartbeat_FullMethodName && isNoManager(err) {
 		// No manager now: keep the data server serving with the saved
 		// table (the next manager gives it a failure timeout of grace).
 		h.noteNoLeader()
@@ -136,7 +114,7 @@ func (s *Service) haStatus(ctx context.Context, req any, handler grpc.UnaryHandl
 	}
 	if !h.managing() && !isForwarded(ctx) {
 		resp := new(weftv1.StatusResponse)
-		err := h.forward(ctx, statusMethod, req, resp)
+		err := h.forward(ctx, weftv1.Meta_Status_FullMethodName, req, resp)
 		if err == nil {
 			return resp, nil
 		}

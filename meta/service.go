@@ -74,14 +74,6 @@ type Config struct {
 	// the cluster manager is elected among them (see ha.go). Nil: the
 	// only meta server, always the manager.
 	HA *HAConfig
-	// WireListen is where the lean path for batches of namespace calls
-	// listens (wire.go): "" for the gRPC listener's host and any free
-	// port, WireOff for none (clients use gRPC).
-	WireListen string
-	// WireAdvertise is the lean path's address clients use, when it is
-	// not its listen address (needed with Advertise, else the lean path
-	// is off).
-	WireAdvertise string
 	// Advertise is the address clients reach this server at when it is
 	// not the listen address (a proxy or NAT in front of it).
 	Advertise string
@@ -295,11 +287,7 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener) error {
 	defer s.ha.close()
 	srv := rpc.NewServer(grpc.ChainUnaryInterceptor(s.haInterceptor, s.recallInterceptor, s.callbackInterceptor))
 	weftv1.RegisterMetaServer(srv, s)
-	wl, wireAddr, err := s.listenWire(lis)
-	if err != nil {
-		s.Close()
-		return err
-	}
+	gl, wl, wireAddr := s.listenWire(lis)
 	ws := wire.NewBatchServer(s, s.log)
 	s.wireMu.Lock()
 	s.wireAddr = wireAddr
@@ -316,15 +304,14 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener) error {
 		}()
 	}
 	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(lis) }()
-	if wl != nil {
-		go func() {
-			if err := ws.Serve(wl); err != nil {
-				serveErr <- fmt.Errorf("lean path: %w", err)
-			}
-		}()
-	}
+	go func() { serveErr <- srv.Serve(gl) }()
+	go func() {
+		if err := ws.Serve(wl); err != nil {
+			serveErr <- fmt.Errorf("lean path: %w", err)
+		}
+	}()
 	s.log.Info("meta service listening", "address", lis.Addr().String(), "wire", wireAddr, "cluster", s.clusterID, "engine", s.eng.Name())
+	var err error
 	select {
 	case <-ctx.Done():
 		ws.Close(5 * time.Second)

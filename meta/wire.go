@@ -8,14 +8,12 @@ import (
 )
 
 // The meta service's lean path: batches of namespace calls (batch.go)
-// over package wire's framing instead of gRPC, on TCP and, for clients on
-// the same host, a Unix socket in the service's directory. A getattr's
-// round trip costs 110-125 us here against gRPC's 195, which is most of
-// what a lone create, lookup or unlink waits for. Clients learn the address from
-// their session's answers and fall back to gRPC whenever it fails.
-
-// WireOff as Config.WireListen turns the lean path off (gRPC only).
-const WireOff = "off"
+// over package wire's framing instead of gRPC, the one way clients send
+// namespace calls. It shares the gRPC port (wire.Split), so a meta
+// server's address names both, and clients on the same host also reach
+// it on a Unix socket in the service's directory. A getattr's round trip
+// costs 110-125 us here against gRPC's 195, which is most of what a lone
+// create, lookup or unlink waits for.
 
 // wireSocketName is the lean path's Unix socket in the service's
 // directory.
@@ -30,41 +28,31 @@ func (s *Service) WireIdentity() string {
 	return s.wireID
 }
 
-// listenWire opens the lean path's listeners next to the gRPC listener lis
-// and returns them with the address to advertise; nil when it is off.
-func (s *Service) listenWire(lis net.Listener) (net.Listener, string, error) {
-	if s.cfg.WireListen == WireOff {
-		return nil, "", nil
-	}
-	advertise := s.cfg.Advertise
-	if advertise == "" && s.cfg.HA != nil {
-		advertise = s.cfg.HA.Advertise
-	}
-	if advertise != "" && s.cfg.WireAdvertise == "" {
-		s.log.Info("meta lean path off: an advertise address is set without a wire advertise address (clients use gRPC)",
-			"advertise", advertise)
-		return nil, "", nil
-	}
-	wl, err := wire.ListenTCP(lis.Addr(), s.cfg.WireListen, "meta lean path")
-	if err != nil {
-		return nil, "", err
-	}
-	a := wire.Addr{TCP: wl.Addr().String()}
-	if s.cfg.WireAdvertise != "" {
-		a.TCP = s.cfg.WireAdvertise
+// listenWire shares lis between gRPC and the lean path and adds the lean
+// path's Unix socket. It returns the listener gRPC serves, the lean
+// path's, and the address session answers name (the server's address
+// with the Unix socket and its identity).
+func (s *Service) listenWire(lis net.Listener) (grpcL, wireL net.Listener, addr string) {
+	grpcL, wireL = wire.Split(lis, s.log)
+	a := wire.Addr{TCP: lis.Addr().String()}
+	switch {
+	case s.cfg.Advertise != "":
+		a.TCP = s.cfg.Advertise
+	case s.cfg.HA != nil && s.cfg.HA.Advertise != "":
+		a.TCP = s.cfg.HA.Advertise
 	}
 	if s.cfg.Dir == "" {
-		return wl, a.String(), nil
+		return grpcL, wireL, a.String()
 	}
 	ul := wire.ListenUnix(filepath.Join(s.cfg.Dir, wireSocketName), "meta lean path", s.log)
 	if ul == nil {
-		return wl, a.String(), nil
+		return grpcL, wireL, a.String()
 	}
 	a.Unix, a.ID = ul.Addr().String(), s.WireIdentity()
-	return wire.ListenBoth(wl, ul), a.String(), nil
+	return grpcL, wire.ListenBoth(wireL, ul), a.String()
 }
 
-// wireAddress is the lean path's advertised address ("" if none).
+// wireAddress is the lean path's advertised address ("" before Serve).
 func (s *Service) wireAddress() string {
 	s.wireMu.Lock()
 	defer s.wireMu.Unlock()

@@ -160,7 +160,7 @@ func setUpWorkers(c *cluster, rec *recorder) ([]*dataWorker, []*metaWorker, erro
 // after the schedule (a heal that failed is tried again).
 func healAll(c *cluster, rec *recorder) {
 	for _, m := range c.metas {
-		for _, p := range []*faultproxy.Proxy{m.front, m.wireFront, m.etcdLink} {
+		for _, p := range []*faultproxy.Proxy{m.front, m.etcdLink} {
 			if p != nil {
 				p.Restore()
 				p.SetLatency(0)

@@ -28,9 +28,9 @@ const (
 
 // cluster is the campaign's weft processes and the proxies between them.
 //
-// Network: every meta server is reached only through two proxies (gRPC
-// and lean path: --advertise and --wire-advertise name them, and a plain
-// file where its Unix socket would be keeps local clients on TCP); with
+// Network: every meta server is reached only through a proxy (one port
+// serves gRPC and the lean path; --advertise names it, and a plain file
+// where its Unix socket would be keeps local clients on TCP); with
 // etcd, each reaches etcd through a proxy of its own. Data servers of
 // even index (data1, data3, ...) are proxied (one proxy: a data server
 // serves gRPC and the lean path on one port, --advertise names it), and
@@ -51,11 +51,11 @@ type cluster struct {
 
 // metaNode is one meta server.
 type metaNode struct {
-	i                  int
-	dir                string
-	listen, wireListen string            // its own ports, kept across restarts
-	front, wireFront   *faultproxy.Proxy // what everyone else dials
-	etcdLink           *faultproxy.Proxy // its link to etcd (etcd engine)
+	i        int
+	dir      string
+	listen   string            // its own port, kept across restarts
+	front    *faultproxy.Proxy // what everyone else dials
+	etcdLink *faultproxy.Proxy // its link to etcd (etcd engine)
 
 	mu   sync.Mutex
 	proc *proc
@@ -116,13 +116,7 @@ func startCluster(cfg Config) (*cluster, error) {
 		if m.listen, err = freePort(); err != nil {
 			return c, err
 		}
-		if m.wireListen, err = freePort(); err != nil {
-			return c, err
-		}
 		if m.front, err = faultproxy.New(m.listen); err != nil {
-			return c, err
-		}
-		if m.wireFront, err = faultproxy.New(m.wireListen); err != nil {
 			return c, err
 		}
 		if c.etcd != nil {
@@ -197,7 +191,6 @@ func (c *cluster) metaAddrs() string {
 // startMeta starts meta server m on its ports and waits for its address.
 func (c *cluster) startMeta(m *metaNode) error {
 	args := []string{"meta", "--dir", m.dir, "--listen", m.listen, "--advertise", m.front.Addr(),
-		"--wire-listen", m.wireListen, "--wire-advertise", m.wireFront.Addr(),
 		"--heartbeat-interval", heartbeat.String(), "--failure-timeout", failTimeout.String(),
 		"--session-lease", sessionLease.String(), "--replicas", "2", "--chunk-size", chunkSize, "--stripe-count", stripeCount}
 	if c.etcd != nil {
@@ -383,7 +376,7 @@ func (c *cluster) stop() {
 		if m.proc != nil {
 			m.proc.stop(syscall.SIGTERM, 10*time.Second)
 		}
-		for _, p := range []*faultproxy.Proxy{m.front, m.wireFront, m.etcdLink} {
+		for _, p := range []*faultproxy.Proxy{m.front, m.etcdLink} {
 			if p != nil {
 				p.Close()
 			}

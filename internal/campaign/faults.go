@@ -130,7 +130,7 @@ func (in *injector) inject(f Fault) (func() error, error) {
 		m.mu.Lock()
 		p := m.proc
 		m.mu.Unlock()
-		front := []*faultproxy.Proxy{m.front, m.wireFront}
+		front := []*faultproxy.Proxy{m.front}
 		switch f.Kind {
 		case MetaKill:
 			p.stop(syscall.SIGKILL, 10*time.Second)

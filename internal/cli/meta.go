@@ -35,8 +35,6 @@ type metaFlags struct {
 	etcdPrefix        string
 	electionTTL       time.Duration
 	advertise         string
-	wireListen        string // the lean path for batches of namespace calls
-	wireAdvertise     string
 	debug             bool
 }
 
@@ -81,8 +79,6 @@ Give data servers and clients every meta address (--meta a,b,c).`,
 	fl.DurationVar(&f.electionTTL, "election-ttl", meta.DefaultElectionTTL,
 		"with --engine etcd: lease of the cluster manager election (whole seconds); a dead manager is replaced about this long after")
 	fl.StringVar(&f.advertise, "advertise", "", "address other meta servers, data servers and clients reach this one at (default: the listen address)")
-	fl.StringVar(&f.wireListen, "wire-listen", "", "address of the lean path for clients' namespace calls (without gRPC; default: the --listen host, any free port; off: gRPC only)")
-	fl.StringVar(&f.wireAdvertise, "wire-advertise", "", "address clients use to reach the lean path (default: its listen address; needed with --advertise, else the lean path is off)")
 	fl.BoolVar(&f.debug, "debug", false, "log debug messages")
 	return cmd
 }
@@ -158,13 +154,11 @@ func runMeta(ctx context.Context, cmd *cobra.Command, f metaFlags) error {
 			RepairDelay:       f.repairDelay,
 			Logger:            log,
 		},
-		SessionLease:  f.sessionLease,
-		OpenGrace:     f.openGrace,
-		Logger:        log,
-		HA:            ha,
-		WireListen:    f.wireListen,
-		WireAdvertise: f.wireAdvertise,
-		Advertise:     f.advertise,
+		SessionLease: f.sessionLease,
+		OpenGrace:    f.openGrace,
+		Logger:       log,
+		HA:           ha,
+		Advertise:    f.advertise,
 	})
 	if err != nil { // meta.Open closed eng
 		return failure("open the meta service in "+f.dir, err, "check that no other weft meta uses this directory and that it is writable")

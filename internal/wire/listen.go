@@ -2,7 +2,6 @@ package wire
 
 import (
 	"errors"
-	"fmt"
 	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
@@ -12,24 +11,6 @@ import (
 	"sync"
 	"time"
 )
-
-// ListenTCP opens a lean path's TCP listener at addr, or, with addr
-// empty, on the host of the server's gRPC listener grpc and any free
-// port. what names the path in errors ("lean data path").
-func ListenTCP(grpc net.Addr, addr, what string) (net.Listener, error) {
-	if addr == "" {
-		host, _, err := net.SplitHostPort(grpc.String())
-		if err != nil {
-			return nil, fmt.Errorf("%s: gRPC listener address %s: %w", what, grpc, err)
-		}
-		addr = net.JoinHostPort(host, "0")
-	}
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("%s: listen on %s (set another --wire-listen address, or off): %w", what, addr, err)
-	}
-	return l, nil
-}
 
 // maxSocketPath is the longest path a Unix socket address holds
 // (sun_path, with its terminating NUL).

@@ -664,8 +664,12 @@ func (x *AttrResponse) GetDelegation() *DelegateResponse {
 }
 
 type GetAttrRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ino           uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ino   uint64                 `protobuf:"varint,1,opt,name=ino,proto3" json:"ino,omitempty"`
+	// The calling client's session when it takes callbacks (empty
+	// otherwise): the meta service registers its interest in the inode, as
+	// it does for calls whose Caller names the session.
+	Session       string `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +709,13 @@ func (x *GetAttrRequest) GetIno() uint64 {
 		return x.Ino
 	}
 	return 0
+}
+
+func (x *GetAttrRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
 }
 
 // SetAttrRequest changes the fields named by valid (SetAttrValid bits).
@@ -3652,9 +3663,10 @@ type OpenSessionResponse struct {
 	// Addresses of every live meta server of the cluster (clients fail over
 	// between them).
 	MetaAddresses []string `protobuf:"bytes,3,rep,name=meta_addresses,json=metaAddresses,proto3" json:"meta_addresses,omitempty"`
-	// The lean path of the meta server that answered (the text form of a
-	// wire address: TCP, and a Unix socket for clients on its host), for
-	// batches of namespace calls without gRPC; empty if it has none.
+	// The lean path of the meta server that answered, where clients send
+	// their namespace calls (the text form of a wire address: its TCP part
+	// is the server's own address, where the lean path shares the gRPC
+	// port, and a Unix socket for clients on its host).
 	WireAddress string `protobuf:"bytes,4,opt,name=wire_address,json=wireAddress,proto3" json:"wire_address,omitempty"`
 	// The meta service's incarnation when it records opens lazily (a crash
 	// may lose the latest): a client that sees it change replays its opens
@@ -6552,11 +6564,14 @@ func (x *FsckResponse) GetProblemsNotListed() uint64 {
 	return 0
 }
 
-// BatchRequest carries unary Meta calls that one client made at the same
-// time (from concurrent callers: none waits for another), so that they
-// cost one round trip and, being served together, share the meta
-// service's commit. The service runs them concurrently, each as if it
-// had come alone; a batch orders nothing between its calls.
+// BatchRequest carries the namespace calls (methods with batch set in
+// their call option) that one client made at the same time (from
+// concurrent callers: none waits for another), so that they cost one
+// round trip and, being served together, share the meta service's
+// commit. It travels over the meta server's lean path (package
+// internal/wire), the one way namespace calls reach the service. The
+// service runs the calls concurrently, each as if it had come alone; a
+// batch orders nothing between its calls.
 type BatchRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Calls         []*BatchCall           `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
@@ -6604,16 +6619,14 @@ func (x *BatchRequest) GetCalls() []*BatchCall {
 // BatchCall is one call of a batch.
 type BatchCall struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The Meta method's name, e.g. "Create". Only namespace calls that
-	// answer at once may be batched: Lookup, GetAttr, SetAttr, Create,
-	// Mkdir, Unlink, Rmdir, Rename, Link, Symlink, Readlink, Open, Release,
-	// Access, CommitWrite, GetXattr, SetXattr, ListXattr, RemoveXattr.
+	// The Meta method's name, e.g. "Create": one whose call option has
+	// batch set.
 	Method string `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
 	// The method's request message, encoded.
 	Request []byte `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
-	// The call's request id (what the weft-request-id metadata carries for
-	// a call sent alone), so a batch resent to another meta server applies
-	// each call once; empty with a single meta server.
+	// The call's request id (for a method with retry RETRY_REQUEST_ID), so
+	// that a batch resent to another meta server applies each call once;
+	// empty with a single meta server.
 	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -6774,7 +6787,7 @@ var File_proto_weft_v1_meta_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
-	"\x18proto/weft/v1/meta.proto\x12\aweft.v1\"p\n" +
+	"\x18proto/weft/v1/meta.proto\x12\aweft.v1\x1a\x1bproto/weft/v1/options.proto\"p\n" +
 	"\x06Caller\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
@@ -6815,9 +6828,10 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\x06parent\x18\x02 \x01(\v2\r.weft.v1.AttrR\x06parent\x129\n" +
 	"\n" +
 	"delegation\x18\x03 \x01(\v2\x19.weft.v1.DelegateResponseR\n" +
-	"delegation\"\"\n" +
+	"delegation\"<\n" +
 	"\x0eGetAttrRequest\x12\x10\n" +
-	"\x03ino\x18\x01 \x01(\x04R\x03ino\"\xe3\x01\n" +
+	"\x03ino\x18\x01 \x01(\x04R\x03ino\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\"\xe3\x01\n" +
 	"\x0eSetAttrRequest\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x10\n" +
 	"\x03ino\x18\x02 \x01(\x04R\x03ino\x12\x14\n" +
@@ -7304,51 +7318,61 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\x93\x15\n" +
-	"\x04Meta\x127\n" +
-	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\aSetAttr\x12\x17.weft.v1.SetAttrRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\x12?\n" +
-	"\bDelegate\x12\x18.weft.v1.DelegateRequest\x1a\x19.weft.v1.DelegateResponse\x12W\n" +
-	"\x10ReturnDelegation\x12 .weft.v1.ReturnDelegationRequest\x1a!.weft.v1.ReturnDelegationResponse\x12E\n" +
+	"\rXATTR_REPLACE\x10\x022\xfd\x1a\n" +
+	"\x04Meta\x12]\n" +
+	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01\x18\x01 \x01:\x06parentJ\x06parentR\battr.ino\x12Y\n" +
+	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01\x18\x01 \x01:\x03inoJ\x03inoR\battr.ino\x12Y\n" +
+	"\aSetAttr\x12\x17.weft.v1.SetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01 \x020\x01:\x03inoJ\x03inoR\battr.ino\x12_\n" +
+	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12R\n" +
+	"\bDelegate\x12\x18.weft.v1.DelegateRequest\x1a\x19.weft.v1.DelegateResponse\"\x11\xf2\xbc\x18\r\b\x01\x10\x01R\adir.ino\x12a\n" +
+	"\x10ReturnDelegation\x12 .weft.v1.ReturnDelegationRequest\x1a!.weft.v1.ReturnDelegationResponse\"\b\xf2\xbc\x18\x04\b\x01\x10\x01\x12\x7f\n" +
 	"\n" +
-	"CreateMany\x12\x1a.weft.v1.CreateManyRequest\x1a\x1b.weft.v1.CreateManyResponse\x12H\n" +
-	"\vRecordOpens\x12\x1b.weft.v1.RecordOpensRequest\x1a\x1c.weft.v1.RecordOpensResponse\x125\n" +
-	"\x05Mkdir\x12\x15.weft.v1.MkdirRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\x06Unlink\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\x128\n" +
-	"\x05Rmdir\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\x129\n" +
-	"\x06Rename\x12\x16.weft.v1.RenameRequest\x1a\x17.weft.v1.RenameResponse\x123\n" +
-	"\x04Link\x12\x14.weft.v1.LinkRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\aSymlink\x12\x17.weft.v1.SymlinkRequest\x1a\x15.weft.v1.AttrResponse\x12?\n" +
-	"\bReadlink\x12\x18.weft.v1.ReadlinkRequest\x1a\x19.weft.v1.ReadlinkResponse\x12<\n" +
-	"\aReadDir\x12\x17.weft.v1.ReadDirRequest\x1a\x18.weft.v1.ReadDirResponse\x123\n" +
-	"\x04Open\x12\x14.weft.v1.OpenRequest\x1a\x15.weft.v1.AttrResponse\x12<\n" +
-	"\aRelease\x12\x17.weft.v1.ReleaseRequest\x1a\x18.weft.v1.ReleaseResponse\x129\n" +
-	"\x06Access\x12\x16.weft.v1.AccessRequest\x1a\x17.weft.v1.AccessResponse\x12A\n" +
-	"\vCommitWrite\x12\x1b.weft.v1.CommitWriteRequest\x1a\x15.weft.v1.AttrResponse\x129\n" +
-	"\x06StatFS\x12\x16.weft.v1.StatFSRequest\x1a\x17.weft.v1.StatFSResponse\x12?\n" +
-	"\bGetXattr\x12\x18.weft.v1.GetXattrRequest\x1a\x19.weft.v1.GetXattrResponse\x12?\n" +
-	"\bSetXattr\x12\x18.weft.v1.SetXattrRequest\x1a\x19.weft.v1.SetXattrResponse\x12B\n" +
-	"\tListXattr\x12\x19.weft.v1.ListXattrRequest\x1a\x1a.weft.v1.ListXattrResponse\x12H\n" +
-	"\vRemoveXattr\x12\x1b.weft.v1.RemoveXattrRequest\x1a\x1c.weft.v1.RemoveXattrResponse\x12B\n" +
-	"\tGetLayout\x12\x19.weft.v1.GetLayoutRequest\x1a\x1a.weft.v1.GetLayoutResponse\x12B\n" +
-	"\tSetLayout\x12\x19.weft.v1.SetLayoutRequest\x1a\x1a.weft.v1.SetLayoutResponse\x126\n" +
-	"\x05Batch\x12\x15.weft.v1.BatchRequest\x1a\x16.weft.v1.BatchResponse\x12H\n" +
-	"\vOpenSession\x12\x1b.weft.v1.OpenSessionRequest\x1a\x1c.weft.v1.OpenSessionResponse\x12K\n" +
-	"\fRenewSession\x12\x1c.weft.v1.RenewSessionRequest\x1a\x1d.weft.v1.RenewSessionResponse\x12K\n" +
-	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\x12Q\n" +
-	"\x0eRegisterServer\x12\x1e.weft.v1.RegisterServerRequest\x1a\x1f.weft.v1.RegisterServerResponse\x12B\n" +
-	"\tHeartbeat\x12\x19.weft.v1.HeartbeatRequest\x1a\x1a.weft.v1.HeartbeatResponse\x12;\n" +
-	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\x12K\n" +
-	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\x12K\n" +
-	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\x129\n" +
-	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponse\x126\n" +
-	"\aGetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\x126\n" +
-	"\aSetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\x127\n" +
-	"\x05Watch\x12\x15.weft.v1.WatchRequest\x1a\x15.weft.v1.Invalidation0\x01\x129\n" +
-	"\x06Forget\x12\x16.weft.v1.ForgetRequest\x1a\x17.weft.v1.ForgetResponse\x123\n" +
-	"\x04Fsck\x12\x14.weft.v1.FsckRequest\x1a\x15.weft.v1.FsckResponseB.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
+	"CreateMany\x12\x1a.weft.v1.CreateManyRequest\x1a\x1b.weft.v1.CreateManyResponse\"8\xf2\xbc\x184\b\x01\x10\x010\x01:\ffiles.parentJ\ffiles.parentR\x10results.attr.ino\x12R\n" +
+	"\vRecordOpens\x12\x1b.weft.v1.RecordOpensRequest\x1a\x1c.weft.v1.RecordOpensResponse\"\b\xf2\xbc\x18\x04\b\x01\x10\x01\x12[\n" +
+	"\x05Mkdir\x12\x15.weft.v1.MkdirRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12Z\n" +
+	"\x06Unlink\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"\x1f\xf2\xbc\x18\x1b\b\x01 \x020\x01:\x06parentB\vparent,name\x12Y\n" +
+	"\x05Rmdir\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"\x1f\xf2\xbc\x18\x1b\b\x01 \x020\x01:\x06parentB\vparent,name\x12r\n" +
+	"\x06Rename\x12\x16.weft.v1.RenameRequest\x1a\x17.weft.v1.RenameResponse\"7\xf2\xbc\x183\b\x01 \x020\x01:\n" +
+	"old_parent:\n" +
+	"new_parentB\x13new_parent,new_name\x12f\n" +
+	"\x04Link\x12\x14.weft.v1.LinkRequest\x1a\x15.weft.v1.AttrResponse\"1\xf2\xbc\x18-\b\x01 \x020\x01:\n" +
+	"new_parentJ\x03inoJ\n" +
+	"new_parentR\battr.ino\x12_\n" +
+	"\aSymlink\x12\x17.weft.v1.SymlinkRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12K\n" +
+	"\bReadlink\x12\x18.weft.v1.ReadlinkRequest\x1a\x19.weft.v1.ReadlinkResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12b\n" +
+	"\aReadDir\x12\x17.weft.v1.ReadDirRequest\x1a\x18.weft.v1.ReadDirResponse\"$\xf2\xbc\x18 \b\x01 \x01:\x03inoJ\x03inoR\x10entries.attr.ino\x12Q\n" +
+	"\x04Open\x12\x14.weft.v1.OpenRequest\x1a\x15.weft.v1.AttrResponse\"\x1c\xf2\xbc\x18\x18\b\x01 \x02:\x03inoJ\x03inoR\battr.ino\x12F\n" +
+	"\aRelease\x12\x17.weft.v1.ReleaseRequest\x1a\x18.weft.v1.ReleaseResponse\"\b\xf2\xbc\x18\x04\b\x01 \x02\x12E\n" +
+	"\x06Access\x12\x16.weft.v1.AccessRequest\x1a\x17.weft.v1.AccessResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12\\\n" +
+	"\vCommitWrite\x12\x1b.weft.v1.CommitWriteRequest\x1a\x15.weft.v1.AttrResponse\"\x19\xf2\xbc\x18\x15\b\x01 \x020\x01J\x03inoR\battr.ino\x12C\n" +
+	"\x06StatFS\x12\x16.weft.v1.StatFSRequest\x1a\x17.weft.v1.StatFSResponse\"\b\xf2\xbc\x18\x04\b\x01 \x01\x12K\n" +
+	"\bGetXattr\x12\x18.weft.v1.GetXattrRequest\x1a\x19.weft.v1.GetXattrResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12K\n" +
+	"\bSetXattr\x12\x18.weft.v1.SetXattrRequest\x1a\x19.weft.v1.SetXattrResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12N\n" +
+	"\tListXattr\x12\x19.weft.v1.ListXattrRequest\x1a\x1a.weft.v1.ListXattrResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12T\n" +
+	"\vRemoveXattr\x12\x1b.weft.v1.RemoveXattrRequest\x1a\x1c.weft.v1.RemoveXattrResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12L\n" +
+	"\tGetLayout\x12\x19.weft.v1.GetLayoutRequest\x1a\x1a.weft.v1.GetLayoutResponse\"\b\xf2\xbc\x18\x04\b\x01 \x01\x12N\n" +
+	"\tSetLayout\x12\x19.weft.v1.SetLayoutRequest\x1a\x1a.weft.v1.SetLayoutResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12P\n" +
+	"\vOpenSession\x12\x1b.weft.v1.OpenSessionRequest\x1a\x1c.weft.v1.OpenSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
+	"\fRenewSession\x12\x1c.weft.v1.RenewSessionRequest\x1a\x1d.weft.v1.RenewSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
+	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12Y\n" +
+	"\x0eRegisterServer\x12\x1e.weft.v1.RegisterServerRequest\x1a\x1f.weft.v1.RegisterServerResponse\"\x06\xf2\xbc\x18\x02(\x01\x12J\n" +
+	"\tHeartbeat\x12\x19.weft.v1.HeartbeatRequest\x1a\x1a.weft.v1.HeartbeatResponse\"\x06\xf2\xbc\x18\x02(\x01\x12C\n" +
+	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
+	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\"\x06\xf2\xbc\x18\x02(\x01\x12S\n" +
+	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\"\x06\xf2\xbc\x18\x02(\x01\x12A\n" +
+	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponse\"\x06\xf2\xbc\x18\x02 \x01\x12>\n" +
+	"\aGetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\"\x06\xf2\xbc\x18\x02 \x01\x12>\n" +
+	"\aSetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\"\x06\xf2\xbc\x18\x02 \x01\x12=\n" +
+	"\x05Watch\x12\x15.weft.v1.WatchRequest\x1a\x15.weft.v1.Invalidation\"\x04\xf2\xbc\x18\x000\x01\x12?\n" +
+	"\x06Forget\x12\x16.weft.v1.ForgetRequest\x1a\x17.weft.v1.ForgetResponse\"\x04\xf2\xbc\x18\x00\x129\n" +
+	"\x04Fsck\x12\x14.weft.v1.FsckRequest\x1a\x15.weft.v1.FsckResponse\"\x04\xf2\xbc\x18\x00B.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
 	file_proto_weft_v1_meta_proto_rawDescOnce sync.Once
@@ -7558,65 +7582,63 @@ var file_proto_weft_v1_meta_proto_depIdxs = []int32{
 	49,  // 89: weft.v1.Meta.RemoveXattr:input_type -> weft.v1.RemoveXattrRequest
 	51,  // 90: weft.v1.Meta.GetLayout:input_type -> weft.v1.GetLayoutRequest
 	53,  // 91: weft.v1.Meta.SetLayout:input_type -> weft.v1.SetLayoutRequest
-	95,  // 92: weft.v1.Meta.Batch:input_type -> weft.v1.BatchRequest
-	55,  // 93: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
-	58,  // 94: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
-	60,  // 95: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
-	64,  // 96: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
-	66,  // 97: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
-	77,  // 98: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
-	72,  // 99: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
-	74,  // 100: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
-	80,  // 101: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
-	84,  // 102: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
-	84,  // 103: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
-	86,  // 104: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
-	90,  // 105: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
-	92,  // 106: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
-	8,   // 107: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
-	8,   // 108: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
-	8,   // 109: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
-	12,  // 110: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
-	14,  // 111: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
-	16,  // 112: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
-	20,  // 113: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
-	22,  // 114: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
-	8,   // 115: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
-	25,  // 116: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
-	25,  // 117: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
-	27,  // 118: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
-	8,   // 119: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
-	8,   // 120: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
-	31,  // 121: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
-	34,  // 122: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
-	8,   // 123: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
-	37,  // 124: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
-	39,  // 125: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
-	8,   // 126: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
-	42,  // 127: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
-	44,  // 128: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
-	46,  // 129: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
-	48,  // 130: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
-	50,  // 131: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
-	52,  // 132: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
-	54,  // 133: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
-	97,  // 134: weft.v1.Meta.Batch:output_type -> weft.v1.BatchResponse
-	57,  // 135: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
-	59,  // 136: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
-	61,  // 137: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
-	65,  // 138: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
-	68,  // 139: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
-	71,  // 140: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
-	73,  // 141: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
-	75,  // 142: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
-	81,  // 143: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
-	85,  // 144: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
-	85,  // 145: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
-	87,  // 146: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
-	91,  // 147: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
-	94,  // 148: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
-	107, // [107:149] is the sub-list for method output_type
-	65,  // [65:107] is the sub-list for method input_type
+	55,  // 92: weft.v1.Meta.OpenSession:input_type -> weft.v1.OpenSessionRequest
+	58,  // 93: weft.v1.Meta.RenewSession:input_type -> weft.v1.RenewSessionRequest
+	60,  // 94: weft.v1.Meta.CloseSession:input_type -> weft.v1.CloseSessionRequest
+	64,  // 95: weft.v1.Meta.RegisterServer:input_type -> weft.v1.RegisterServerRequest
+	66,  // 96: weft.v1.Meta.Heartbeat:input_type -> weft.v1.HeartbeatRequest
+	77,  // 97: weft.v1.Meta.GetChains:input_type -> weft.v1.GetChainsRequest
+	72,  // 98: weft.v1.Meta.ReportSynced:input_type -> weft.v1.ReportSyncedRequest
+	74,  // 99: weft.v1.Meta.RemoveTarget:input_type -> weft.v1.RemoveTargetRequest
+	80,  // 100: weft.v1.Meta.Status:input_type -> weft.v1.StatusRequest
+	84,  // 101: weft.v1.Meta.GetLock:input_type -> weft.v1.LockRequest
+	84,  // 102: weft.v1.Meta.SetLock:input_type -> weft.v1.LockRequest
+	86,  // 103: weft.v1.Meta.Watch:input_type -> weft.v1.WatchRequest
+	90,  // 104: weft.v1.Meta.Forget:input_type -> weft.v1.ForgetRequest
+	92,  // 105: weft.v1.Meta.Fsck:input_type -> weft.v1.FsckRequest
+	8,   // 106: weft.v1.Meta.Lookup:output_type -> weft.v1.AttrResponse
+	8,   // 107: weft.v1.Meta.GetAttr:output_type -> weft.v1.AttrResponse
+	8,   // 108: weft.v1.Meta.SetAttr:output_type -> weft.v1.AttrResponse
+	12,  // 109: weft.v1.Meta.Create:output_type -> weft.v1.CreateResponse
+	14,  // 110: weft.v1.Meta.Delegate:output_type -> weft.v1.DelegateResponse
+	16,  // 111: weft.v1.Meta.ReturnDelegation:output_type -> weft.v1.ReturnDelegationResponse
+	20,  // 112: weft.v1.Meta.CreateMany:output_type -> weft.v1.CreateManyResponse
+	22,  // 113: weft.v1.Meta.RecordOpens:output_type -> weft.v1.RecordOpensResponse
+	8,   // 114: weft.v1.Meta.Mkdir:output_type -> weft.v1.AttrResponse
+	25,  // 115: weft.v1.Meta.Unlink:output_type -> weft.v1.RemoveResponse
+	25,  // 116: weft.v1.Meta.Rmdir:output_type -> weft.v1.RemoveResponse
+	27,  // 117: weft.v1.Meta.Rename:output_type -> weft.v1.RenameResponse
+	8,   // 118: weft.v1.Meta.Link:output_type -> weft.v1.AttrResponse
+	8,   // 119: weft.v1.Meta.Symlink:output_type -> weft.v1.AttrResponse
+	31,  // 120: weft.v1.Meta.Readlink:output_type -> weft.v1.ReadlinkResponse
+	34,  // 121: weft.v1.Meta.ReadDir:output_type -> weft.v1.ReadDirResponse
+	8,   // 122: weft.v1.Meta.Open:output_type -> weft.v1.AttrResponse
+	37,  // 123: weft.v1.Meta.Release:output_type -> weft.v1.ReleaseResponse
+	39,  // 124: weft.v1.Meta.Access:output_type -> weft.v1.AccessResponse
+	8,   // 125: weft.v1.Meta.CommitWrite:output_type -> weft.v1.AttrResponse
+	42,  // 126: weft.v1.Meta.StatFS:output_type -> weft.v1.StatFSResponse
+	44,  // 127: weft.v1.Meta.GetXattr:output_type -> weft.v1.GetXattrResponse
+	46,  // 128: weft.v1.Meta.SetXattr:output_type -> weft.v1.SetXattrResponse
+	48,  // 129: weft.v1.Meta.ListXattr:output_type -> weft.v1.ListXattrResponse
+	50,  // 130: weft.v1.Meta.RemoveXattr:output_type -> weft.v1.RemoveXattrResponse
+	52,  // 131: weft.v1.Meta.GetLayout:output_type -> weft.v1.GetLayoutResponse
+	54,  // 132: weft.v1.Meta.SetLayout:output_type -> weft.v1.SetLayoutResponse
+	57,  // 133: weft.v1.Meta.OpenSession:output_type -> weft.v1.OpenSessionResponse
+	59,  // 134: weft.v1.Meta.RenewSession:output_type -> weft.v1.RenewSessionResponse
+	61,  // 135: weft.v1.Meta.CloseSession:output_type -> weft.v1.CloseSessionResponse
+	65,  // 136: weft.v1.Meta.RegisterServer:output_type -> weft.v1.RegisterServerResponse
+	68,  // 137: weft.v1.Meta.Heartbeat:output_type -> weft.v1.HeartbeatResponse
+	71,  // 138: weft.v1.Meta.GetChains:output_type -> weft.v1.ChainTable
+	73,  // 139: weft.v1.Meta.ReportSynced:output_type -> weft.v1.ReportSyncedResponse
+	75,  // 140: weft.v1.Meta.RemoveTarget:output_type -> weft.v1.RemoveTargetResponse
+	81,  // 141: weft.v1.Meta.Status:output_type -> weft.v1.StatusResponse
+	85,  // 142: weft.v1.Meta.GetLock:output_type -> weft.v1.LockResponse
+	85,  // 143: weft.v1.Meta.SetLock:output_type -> weft.v1.LockResponse
+	87,  // 144: weft.v1.Meta.Watch:output_type -> weft.v1.Invalidation
+	91,  // 145: weft.v1.Meta.Forget:output_type -> weft.v1.ForgetResponse
+	94,  // 146: weft.v1.Meta.Fsck:output_type -> weft.v1.FsckResponse
+	106, // [106:147] is the sub-list for method output_type
+	65,  // [65:106] is the sub-list for method input_type
 	65,  // [65:65] is the sub-list for extension type_name
 	65,  // [65:65] is the sub-list for extension extendee
 	0,   // [0:65] is the sub-list for field type_name
@@ -7627,6 +7649,7 @@ func file_proto_weft_v1_meta_proto_init() {
 	if File_proto_weft_v1_meta_proto != nil {
 		return
 	}
+	file_proto_weft_v1_options_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -49,7 +49,6 @@ const (
 	Meta_RemoveXattr_FullMethodName      = "/weft.v1.Meta/RemoveXattr"
 	Meta_GetLayout_FullMethodName        = "/weft.v1.Meta/GetLayout"
 	Meta_SetLayout_FullMethodName        = "/weft.v1.Meta/SetLayout"
-	Meta_Batch_FullMethodName            = "/weft.v1.Meta/Batch"
 	Meta_OpenSession_FullMethodName      = "/weft.v1.Meta/OpenSession"
 	Meta_RenewSession_FullMethodName     = "/weft.v1.Meta/RenewSession"
 	Meta_CloseSession_FullMethodName     = "/weft.v1.Meta/CloseSession"
@@ -99,8 +98,6 @@ type MetaClient interface {
 	RemoveXattr(ctx context.Context, in *RemoveXattrRequest, opts ...grpc.CallOption) (*RemoveXattrResponse, error)
 	GetLayout(ctx context.Context, in *GetLayoutRequest, opts ...grpc.CallOption) (*GetLayoutResponse, error)
 	SetLayout(ctx context.Context, in *SetLayoutRequest, opts ...grpc.CallOption) (*SetLayoutResponse, error)
-	// Batch runs several namespace calls of one client in one round trip.
-	Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchResponse, error)
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
 	RenewSession(ctx context.Context, in *RenewSessionRequest, opts ...grpc.CallOption) (*RenewSessionResponse, error)
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
@@ -395,16 +392,6 @@ func (c *metaClient) SetLayout(ctx context.Context, in *SetLayoutRequest, opts .
 	return out, nil
 }
 
-func (c *metaClient) Batch(ctx context.Context, in *BatchRequest, opts ...grpc.CallOption) (*BatchResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(BatchResponse)
-	err := c.cc.Invoke(ctx, Meta_Batch_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
 func (c *metaClient) OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(OpenSessionResponse)
@@ -587,8 +574,6 @@ type MetaServer interface {
 	RemoveXattr(context.Context, *RemoveXattrRequest) (*RemoveXattrResponse, error)
 	GetLayout(context.Context, *GetLayoutRequest) (*GetLayoutResponse, error)
 	SetLayout(context.Context, *SetLayoutRequest) (*SetLayoutResponse, error)
-	// Batch runs several namespace calls of one client in one round trip.
-	Batch(context.Context, *BatchRequest) (*BatchResponse, error)
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
 	RenewSession(context.Context, *RenewSessionRequest) (*RenewSessionResponse, error)
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
@@ -693,9 +678,6 @@ func (UnimplementedMetaServer) GetLayout(context.Context, *GetLayoutRequest) (*G
 }
 func (UnimplementedMetaServer) SetLayout(context.Context, *SetLayoutRequest) (*SetLayoutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetLayout not implemented")
-}
-func (UnimplementedMetaServer) Batch(context.Context, *BatchRequest) (*BatchResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Batch not implemented")
 }
 func (UnimplementedMetaServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
@@ -1246,24 +1228,6 @@ func _Meta_SetLayout_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Meta_Batch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(BatchRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(MetaServer).Batch(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Meta_Batch_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(MetaServer).Batch(ctx, req.(*BatchRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
 func _Meta_OpenSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(OpenSessionRequest)
 	if err := dec(in); err != nil {
@@ -1623,10 +1587,6 @@ var Meta_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetLayout",
 			Handler:    _Meta_SetLayout_Handler,
-		},
-		{
-			MethodName: "Batch",
-			Handler:    _Meta_Batch_Handler,
 		},
 		{
 			MethodName: "OpenSession",
