@@ -137,41 +137,6 @@ func (c *Client) registerOpens(ctx context.Context) error {
 	return nil
 }
 
-// madeNeed is what a meta call needs of the files made here under a
-// delegation and not sent yet.
-type madeNeed uint8
-
-const (
-	// madeNothing: the call names nothing such a file could be.
-	madeNothing madeNeed = iota + 1
-	// madeSent: the call may name one of them or their directories;
-	// they are sent first.
-	madeSent
-	// madeOpenRecorded: the call may also remove a name of one; they are
-	// sent, and the opens this client holds of them recorded, first.
-	madeOpenRecorded
-)
-
-// madeFirst is the one list of what each meta call needs of the files
-// made here (beforeCall); every call of the meta service is in it
-// (TestMadeFirstCoversEveryCall). Sessions, chains, the delegation calls
-// themselves, and the commits and releases of files the meta service has
-// (a made file's own commit goes with its create, flush.go) need nothing.
-var madeFirst = map[string]madeNeed{
-	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
-	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
-	"Access": madeSent, "GetXattr": madeSent, "SetXattr": madeSent, "ListXattr": madeSent,
-	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent, "SetLock": madeSent,
-
-	"Unlink": madeOpenRecorded, "Rename": madeOpenRecorded, "Link": madeOpenRecorded,
-
-	"Delegate": madeNothing, "ReturnDelegation": madeNothing, "CreateMany": madeNothing, "RecordOpens": madeNothing,
-	"Release": madeNothing, "CommitWrite": madeNothing, "StatFS": madeNothing, "Batch": madeNothing,
-	"OpenSession": madeNothing, "RenewSession": madeNothing, "CloseSession": madeNothing,
-	"RegisterServer": madeNothing, "Heartbeat": madeNothing, "GetChains": madeNothing, "ReportSynced": madeNothing,
-	"RemoveTarget": madeNothing, "Status": madeNothing, "Watch": madeNothing, "Forget": madeNothing, "Fsck": madeNothing,
-}
-
 // beforeCall runs before every call of this client to the meta service:
 // it is where files made here meet every other namespace call. They are
 // at the meta service before anything that could see or change them or
@@ -186,11 +151,12 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
 		return nil
 	}
-	switch madeFirst[name] {
-	case madeOpenRecorded:
+	// What the call needs of them is its method's (weft.v1.call).made.
+	switch weftv1.MetaCallOf(name).GetMade() {
+	case weftv1.Made_MADE_OPEN_RECORDED:
 		c.sendPending(ctx)
 		return c.registerOpens(ctx)
-	case madeSent:
+	case weftv1.Made_MADE_SENT:
 		c.sendPending(ctx)
 	}
 	return nil

@@ -194,23 +194,3 @@ func TestMadeFilePermissions(t *testing.T) {
 	}
 }
 
-// TestMadeFirstCoversEveryCall checks that madeFirst says of every call of
-// the meta service what it needs of files made here: a new call must be
-// placed there, or it could reach the meta service before a file it names.
-func TestMadeFirstCoversEveryCall(t *testing.T) {
-	var names []string
-	for _, m := range weftv1.Meta_ServiceDesc.Methods {
-		names = append(names, m.MethodName)
-	}
-	for _, s := range weftv1.Meta_ServiceDesc.Streams {
-		names = append(names, s.StreamName)
-	}
-	for _, name := range names {
-		if madeFirst[name] == 0 {
-			t.Errorf("meta call %s is not in madeFirst", name)
-		}
-	}
-	if len(madeFirst) != len(names) {
-		t.Errorf("madeFirst lists %d calls, the meta service has %d", len(madeFirst), len(names))
-	}
-}

@@ -355,9 +355,6 @@ func (s *Service) CreateMany(ctx context.Context, req *weftv1.CreateManyRequest)
 	if len(req.Files) > maxCreateMany {
 		return nil, fserr.Wrap(syscall.EINVAL, "create many: %d files in one call, at most %d", len(req.Files), maxCreateMany)
 	}
-	if len(req.Confirmed)+len(req.Unwritten) > 0 {
-		return nil, fserr.Wrap(syscall.EINVAL, "create many: confirmed and unwritten files are not supported (a file's create goes after its data)")
-	}
 	for attempt := 0; ; attempt++ {
 		// A retry looks the layouts up in a transaction: the cache may
 		// hold them at a generation that has moved on since, and would
@@ -490,9 +487,6 @@ func (x *tx) makeSent(f *weftv1.NewFile, layout *weftv1.Layout, layoutErr error,
 	}
 	if !reserved {
 		return nil, fserr.Wrap(syscall.EINVAL, "%s: inode number %d was not reserved for a delegation", op, f.Ino)
-	}
-	if f.DataInFlight {
-		return nil, fserr.Wrap(syscall.EINVAL, "%s: a create with its data in flight is not supported", op)
 	}
 	a, _, err := x.makeFile(c, fileSpec{parent: f.Parent, name: f.Name, mode: syscall.S_IFREG | f.Mode&0o7777,
 		exclusive: true, ino: f.Ino, layout: layout, made: f}, op)

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"errors"
-	"golang.org/x/sys/unix"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // maxSocketPath is the longest path a Unix socket address holds

@@ -1274,15 +1274,8 @@ type NewFile struct {
 	Setattrs       []*SetAttrRequest `protobuf:"bytes,11,rep,name=setattrs,proto3" json:"setattrs,omitempty"`
 	SetattrTimesNs []int64           `protobuf:"varint,12,rep,packed,name=setattr_times_ns,json=setattrTimesNs,proto3" json:"setattr_times_ns,omitempty"`
 	CommitAfter    uint32            `protobuf:"varint,13,opt,name=commit_after,json=commitAfter,proto3" json:"commit_after,omitempty"`
-	// With committed: the file's data (all in its first chunk) is on its
-	// way to the data servers at the same time, not durable yet. The meta
-	// service keeps a record of it until the client confirms the data
-	// (CreateManyRequest.confirmed); a record left when the session ends,
-	// or named in CreateManyRequest.unwritten, is resolved against the
-	// data servers: a file whose data did not arrive is cut to length 0.
-	DataInFlight  bool `protobuf:"varint,14,opt,name=data_in_flight,json=dataInFlight,proto3" json:"data_in_flight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NewFile) Reset() {
@@ -1406,26 +1399,13 @@ func (x *NewFile) GetCommitAfter() uint32 {
 	return 0
 }
 
-func (x *NewFile) GetDataInFlight() bool {
-	if x != nil {
-		return x.DataInFlight
-	}
-	return false
-}
-
 // CreateManyRequest sends files made under delegations, in one
 // transaction. No open is recorded: the client records the opens it still
 // holds (RecordOpens) before anything could remove the files' names.
 type CreateManyRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Files   []*NewFile             `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
-	// Files sent with data_in_flight whose data the data servers have
-	// acknowledged: their records are dropped.
-	Confirmed []uint64 `protobuf:"varint,3,rep,packed,name=confirmed,proto3" json:"confirmed,omitempty"`
-	// Files sent with data_in_flight whose data could not be written: they
-	// are resolved against the data servers at once.
-	Unwritten     []uint64 `protobuf:"varint,4,rep,packed,name=unwritten,proto3" json:"unwritten,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Files         []*NewFile             `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1470,20 +1450,6 @@ func (x *CreateManyRequest) GetSession() string {
 func (x *CreateManyRequest) GetFiles() []*NewFile {
 	if x != nil {
 		return x.Files
-	}
-	return nil
-}
-
-func (x *CreateManyRequest) GetConfirmed() []uint64 {
-	if x != nil {
-		return x.Confirmed
-	}
-	return nil
-}
-
-func (x *CreateManyRequest) GetUnwritten() []uint64 {
-	if x != nil {
-		return x.Unwritten
 	}
 	return nil
 }
@@ -1551,14 +1517,8 @@ func (x *NewFileResult) GetError() string {
 }
 
 type CreateManyResponse struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Results []*NewFileResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
-	// Of CreateManyRequest.confirmed, those that had no record any more
-	// (resolved already: the session ended while the data was on its way).
-	Unknown []uint64 `protobuf:"varint,2,rep,packed,name=unknown,proto3" json:"unknown,omitempty"`
-	// Of CreateManyRequest.unwritten, those cut to length 0 (their data
-	// was not on the data servers).
-	Emptied       []uint64 `protobuf:"varint,3,rep,packed,name=emptied,proto3" json:"emptied,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*NewFileResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1596,20 +1556,6 @@ func (*CreateManyResponse) Descriptor() ([]byte, []int) {
 func (x *CreateManyResponse) GetResults() []*NewFileResult {
 	if x != nil {
 		return x.Results
-	}
-	return nil
-}
-
-func (x *CreateManyResponse) GetUnknown() []uint64 {
-	if x != nil {
-		return x.Unknown
-	}
-	return nil
-}
-
-func (x *CreateManyResponse) GetEmptied() []uint64 {
-	if x != nil {
-		return x.Emptied
 	}
 	return nil
 }
@@ -6874,7 +6820,7 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\"\x1a\n" +
-	"\x18ReturnDelegationResponse\"\xbb\x03\n" +
+	"\x18ReturnDelegationResponse\"\x9b\x03\n" +
 	"\aNewFile\x12'\n" +
 	"\x06caller\x18\x01 \x01(\v2\x0f.weft.v1.CallerR\x06caller\x12\x16\n" +
 	"\x06parent\x18\x02 \x01(\x04R\x06parent\x12\x12\n" +
@@ -6889,21 +6835,16 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	" \x01(\x03R\amtimeNs\x123\n" +
 	"\bsetattrs\x18\v \x03(\v2\x17.weft.v1.SetAttrRequestR\bsetattrs\x12(\n" +
 	"\x10setattr_times_ns\x18\f \x03(\x03R\x0esetattrTimesNs\x12!\n" +
-	"\fcommit_after\x18\r \x01(\rR\vcommitAfter\x12$\n" +
-	"\x0edata_in_flight\x18\x0e \x01(\bR\fdataInFlight\"\x91\x01\n" +
+	"\fcommit_after\x18\r \x01(\rR\vcommitAfterJ\x04\b\x0e\x10\x0f\"a\n" +
 	"\x11CreateManyRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12&\n" +
-	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05files\x12\x1c\n" +
-	"\tconfirmed\x18\x03 \x03(\x04R\tconfirmed\x12\x1c\n" +
-	"\tunwritten\x18\x04 \x03(\x04R\tunwritten\"^\n" +
+	"\x05files\x18\x02 \x03(\v2\x10.weft.v1.NewFileR\x05filesJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"^\n" +
 	"\rNewFileResult\x12!\n" +
 	"\x04attr\x18\x01 \x01(\v2\r.weft.v1.AttrR\x04attr\x12\x14\n" +
 	"\x05errno\x18\x02 \x01(\rR\x05errno\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"z\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x12CreateManyResponse\x120\n" +
-	"\aresults\x18\x01 \x03(\v2\x16.weft.v1.NewFileResultR\aresults\x12\x18\n" +
-	"\aunknown\x18\x02 \x03(\x04R\aunknown\x12\x18\n" +
-	"\aemptied\x18\x03 \x03(\x04R\aemptied\"B\n" +
+	"\aresults\x18\x01 \x03(\v2\x16.weft.v1.NewFileResultR\aresultsJ\x04\b\x02\x10\x03J\x04\b\x03\x10\x04\"B\n" +
 	"\x12RecordOpensRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
 	"\x04inos\x18\x02 \x03(\x04R\x04inos\"\x15\n" +
@@ -7318,36 +7259,40 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xfd\x1a\n" +
+	"\rXATTR_REPLACE\x10\x022\xaa\x1b\n" +
 	"\x04Meta\x12]\n" +
 	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01\x18\x01 \x01:\x06parentJ\x06parentR\battr.ino\x12Y\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01\x18\x01 \x01:\x03inoJ\x03inoR\battr.ino\x12Y\n" +
 	"\aSetAttr\x12\x17.weft.v1.SetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01 \x020\x01:\x03inoJ\x03inoR\battr.ino\x12_\n" +
-	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12R\n" +
-	"\bDelegate\x12\x18.weft.v1.DelegateRequest\x1a\x19.weft.v1.DelegateResponse\"\x11\xf2\xbc\x18\r\b\x01\x10\x01R\adir.ino\x12a\n" +
-	"\x10ReturnDelegation\x12 .weft.v1.ReturnDelegationRequest\x1a!.weft.v1.ReturnDelegationResponse\"\b\xf2\xbc\x18\x04\b\x01\x10\x01\x12\x7f\n" +
+	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12T\n" +
+	"\bDelegate\x12\x18.weft.v1.DelegateRequest\x1a\x19.weft.v1.DelegateResponse\"\x13\xf2\xbc\x18\x0f\b\x01\x10\x01R\adir.inoX\x01\x12c\n" +
+	"\x10ReturnDelegation\x12 .weft.v1.ReturnDelegationRequest\x1a!.weft.v1.ReturnDelegationResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x10\x01X\x01\x12\x81\x01\n" +
 	"\n" +
-	"CreateMany\x12\x1a.weft.v1.CreateManyRequest\x1a\x1b.weft.v1.CreateManyResponse\"8\xf2\xbc\x184\b\x01\x10\x010\x01:\ffiles.parentJ\ffiles.parentR\x10results.attr.ino\x12R\n" +
-	"\vRecordOpens\x12\x1b.weft.v1.RecordOpensRequest\x1a\x1c.weft.v1.RecordOpensResponse\"\b\xf2\xbc\x18\x04\b\x01\x10\x01\x12[\n" +
-	"\x05Mkdir\x12\x15.weft.v1.MkdirRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12Z\n" +
-	"\x06Unlink\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"\x1f\xf2\xbc\x18\x1b\b\x01 \x020\x01:\x06parentB\vparent,name\x12Y\n" +
-	"\x05Rmdir\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"\x1f\xf2\xbc\x18\x1b\b\x01 \x020\x01:\x06parentB\vparent,name\x12r\n" +
-	"\x06Rename\x12\x16.weft.v1.RenameRequest\x1a\x17.weft.v1.RenameResponse\"7\xf2\xbc\x183\b\x01 \x020\x01:\n" +
+	"CreateMany\x12\x1a.weft.v1.CreateManyRequest\x1a\x1b.weft.v1.CreateManyResponse\":\xf2\xbc\x186\b\x01\x10\x010\x01:\ffiles.parentJ\ffiles.parentR\x10results.attr.inoX\x01\x12T\n" +
+	"\vRecordOpens\x12\x1b.weft.v1.RecordOpensRequest\x1a\x1c.weft.v1.RecordOpensResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01\x10\x01X\x01\x12[\n" +
+	"\x05Mkdir\x12\x15.weft.v1.MkdirRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12\\\n" +
+	"\x06Unlink\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"!\xf2\xbc\x18\x1d\b\x01 \x020\x01:\x06parentB\vparent,nameX\x02\x12Y\n" +
+	"\x05Rmdir\x12\x16.weft.v1.RemoveRequest\x1a\x17.weft.v1.RemoveResponse\"\x1f\xf2\xbc\x18\x1b\b\x01 \x020\x01:\x06parentB\vparent,name\x12t\n" +
+	"\x06Rename\x12\x16.weft.v1.RenameRequest\x1a\x17.weft.v1.RenameResponse\"9\xf2\xbc\x185\b\x01 \x020\x01:\n" +
 	"old_parent:\n" +
-	"new_parentB\x13new_parent,new_name\x12f\n" +
-	"\x04Link\x12\x14.weft.v1.LinkRequest\x1a\x15.weft.v1.AttrResponse\"1\xf2\xbc\x18-\b\x01 \x020\x01:\n" +
+	"new_parentB\x13new_parent,new_nameX\x02\x12h\n" +
+	"\x04Link\x12\x14.weft.v1.LinkRequest\x1a\x15.weft.v1.AttrResponse\"3\xf2\xbc\x18/\b\x01 \x020\x01:\n" +
 	"new_parentJ\x03inoJ\n" +
-	"new_parentR\battr.ino\x12_\n" +
+	"new_parentR\battr.inoX\x02\x12_\n" +
 	"\aSymlink\x12\x17.weft.v1.SymlinkRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12K\n" +
 	"\bReadlink\x12\x18.weft.v1.ReadlinkRequest\x1a\x19.weft.v1.ReadlinkResponse\"\n" +
 	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12b\n" +
 	"\aReadDir\x12\x17.weft.v1.ReadDirRequest\x1a\x18.weft.v1.ReadDirResponse\"$\xf2\xbc\x18 \b\x01 \x01:\x03inoJ\x03inoR\x10entries.attr.ino\x12Q\n" +
-	"\x04Open\x12\x14.weft.v1.OpenRequest\x1a\x15.weft.v1.AttrResponse\"\x1c\xf2\xbc\x18\x18\b\x01 \x02:\x03inoJ\x03inoR\battr.ino\x12F\n" +
-	"\aRelease\x12\x17.weft.v1.ReleaseRequest\x1a\x18.weft.v1.ReleaseResponse\"\b\xf2\xbc\x18\x04\b\x01 \x02\x12E\n" +
+	"\x04Open\x12\x14.weft.v1.OpenRequest\x1a\x15.weft.v1.AttrResponse\"\x1c\xf2\xbc\x18\x18\b\x01 \x02:\x03inoJ\x03inoR\battr.ino\x12H\n" +
+	"\aRelease\x12\x17.weft.v1.ReleaseRequest\x1a\x18.weft.v1.ReleaseResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x02X\x01\x12E\n" +
 	"\x06Access\x12\x16.weft.v1.AccessRequest\x1a\x17.weft.v1.AccessResponse\"\n" +
-	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12\\\n" +
-	"\vCommitWrite\x12\x1b.weft.v1.CommitWriteRequest\x1a\x15.weft.v1.AttrResponse\"\x19\xf2\xbc\x18\x15\b\x01 \x020\x01J\x03inoR\battr.ino\x12C\n" +
-	"\x06StatFS\x12\x16.weft.v1.StatFSRequest\x1a\x17.weft.v1.StatFSResponse\"\b\xf2\xbc\x18\x04\b\x01 \x01\x12K\n" +
+	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12^\n" +
+	"\vCommitWrite\x12\x1b.weft.v1.CommitWriteRequest\x1a\x15.weft.v1.AttrResponse\"\x1b\xf2\xbc\x18\x17\b\x01 \x020\x01J\x03inoR\battr.inoX\x01\x12E\n" +
+	"\x06StatFS\x12\x16.weft.v1.StatFSRequest\x1a\x17.weft.v1.StatFSResponse\"\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x01X\x01\x12K\n" +
 	"\bGetXattr\x12\x18.weft.v1.GetXattrRequest\x1a\x19.weft.v1.GetXattrResponse\"\n" +
 	"\xf2\xbc\x18\x06\b\x01\x18\x01 \x01\x12K\n" +
 	"\bSetXattr\x12\x18.weft.v1.SetXattrRequest\x1a\x19.weft.v1.SetXattrResponse\"\n" +
@@ -7358,21 +7303,21 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12L\n" +
 	"\tGetLayout\x12\x19.weft.v1.GetLayoutRequest\x1a\x1a.weft.v1.GetLayoutResponse\"\b\xf2\xbc\x18\x04\b\x01 \x01\x12N\n" +
 	"\tSetLayout\x12\x19.weft.v1.SetLayoutRequest\x1a\x1a.weft.v1.SetLayoutResponse\"\n" +
-	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12P\n" +
-	"\vOpenSession\x12\x1b.weft.v1.OpenSessionRequest\x1a\x1c.weft.v1.OpenSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
-	"\fRenewSession\x12\x1c.weft.v1.RenewSessionRequest\x1a\x1d.weft.v1.RenewSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
-	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\"\x06\xf2\xbc\x18\x02 \x01\x12Y\n" +
-	"\x0eRegisterServer\x12\x1e.weft.v1.RegisterServerRequest\x1a\x1f.weft.v1.RegisterServerResponse\"\x06\xf2\xbc\x18\x02(\x01\x12J\n" +
-	"\tHeartbeat\x12\x19.weft.v1.HeartbeatRequest\x1a\x1a.weft.v1.HeartbeatResponse\"\x06\xf2\xbc\x18\x02(\x01\x12C\n" +
-	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\"\x06\xf2\xbc\x18\x02 \x01\x12S\n" +
-	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\"\x06\xf2\xbc\x18\x02(\x01\x12S\n" +
-	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\"\x06\xf2\xbc\x18\x02(\x01\x12A\n" +
-	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponse\"\x06\xf2\xbc\x18\x02 \x01\x12>\n" +
+	"\xf2\xbc\x18\x06\b\x01 \x020\x01\x12R\n" +
+	"\vOpenSession\x12\x1b.weft.v1.OpenSessionRequest\x1a\x1c.weft.v1.OpenSessionResponse\"\b\xf2\xbc\x18\x04 \x01X\x01\x12U\n" +
+	"\fRenewSession\x12\x1c.weft.v1.RenewSessionRequest\x1a\x1d.weft.v1.RenewSessionResponse\"\b\xf2\xbc\x18\x04 \x01X\x01\x12U\n" +
+	"\fCloseSession\x12\x1c.weft.v1.CloseSessionRequest\x1a\x1d.weft.v1.CloseSessionResponse\"\b\xf2\xbc\x18\x04 \x01X\x01\x12[\n" +
+	"\x0eRegisterServer\x12\x1e.weft.v1.RegisterServerRequest\x1a\x1f.weft.v1.RegisterServerResponse\"\b\xf2\xbc\x18\x04(\x01X\x01\x12L\n" +
+	"\tHeartbeat\x12\x19.weft.v1.HeartbeatRequest\x1a\x1a.weft.v1.HeartbeatResponse\"\b\xf2\xbc\x18\x04(\x01X\x01\x12E\n" +
+	"\tGetChains\x12\x19.weft.v1.GetChainsRequest\x1a\x13.weft.v1.ChainTable\"\b\xf2\xbc\x18\x04 \x01X\x01\x12U\n" +
+	"\fReportSynced\x12\x1c.weft.v1.ReportSyncedRequest\x1a\x1d.weft.v1.ReportSyncedResponse\"\b\xf2\xbc\x18\x04(\x01X\x01\x12U\n" +
+	"\fRemoveTarget\x12\x1c.weft.v1.RemoveTargetRequest\x1a\x1d.weft.v1.RemoveTargetResponse\"\b\xf2\xbc\x18\x04(\x01X\x01\x12C\n" +
+	"\x06Status\x12\x16.weft.v1.StatusRequest\x1a\x17.weft.v1.StatusResponse\"\b\xf2\xbc\x18\x04 \x01X\x01\x12>\n" +
 	"\aGetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\"\x06\xf2\xbc\x18\x02 \x01\x12>\n" +
-	"\aSetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\"\x06\xf2\xbc\x18\x02 \x01\x12=\n" +
-	"\x05Watch\x12\x15.weft.v1.WatchRequest\x1a\x15.weft.v1.Invalidation\"\x04\xf2\xbc\x18\x000\x01\x12?\n" +
-	"\x06Forget\x12\x16.weft.v1.ForgetRequest\x1a\x17.weft.v1.ForgetResponse\"\x04\xf2\xbc\x18\x00\x129\n" +
-	"\x04Fsck\x12\x14.weft.v1.FsckRequest\x1a\x15.weft.v1.FsckResponse\"\x04\xf2\xbc\x18\x00B.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
+	"\aSetLock\x12\x14.weft.v1.LockRequest\x1a\x15.weft.v1.LockResponse\"\x06\xf2\xbc\x18\x02 \x01\x12?\n" +
+	"\x05Watch\x12\x15.weft.v1.WatchRequest\x1a\x15.weft.v1.Invalidation\"\x06\xf2\xbc\x18\x02X\x010\x01\x12A\n" +
+	"\x06Forget\x12\x16.weft.v1.ForgetRequest\x1a\x17.weft.v1.ForgetResponse\"\x06\xf2\xbc\x18\x02X\x01\x12;\n" +
+	"\x04Fsck\x12\x14.weft.v1.FsckRequest\x1a\x15.weft.v1.FsckResponse\"\x06\xf2\xbc\x18\x02X\x01B.Z,github.com/weft-fs/weft/proto/weft/v1;weftv1b\x06proto3"
 
 var (
 	file_proto_weft_v1_meta_proto_rawDescOnce sync.Once

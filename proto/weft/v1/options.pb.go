@@ -22,6 +22,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Made is what a call needs of the files its client made under a create
+// delegation that the meta service does not have yet.
+type Made int32
+
+const (
+	// They are sent first: the call may see or change them or their
+	// directories. The default, so that a method that says nothing is safe.
+	Made_MADE_SENT Made = 0
+	// Nothing: the call cannot name them (sessions, the delegation calls
+	// themselves, cluster calls, commits and releases of files the meta
+	// service has).
+	Made_MADE_NOTHING Made = 1
+	// They are sent, and the opens the client holds of them recorded,
+	// first: the call may remove a name of one.
+	Made_MADE_OPEN_RECORDED Made = 2
+)
+
+// Enum value maps for Made.
+var (
+	Made_name = map[int32]string{
+		0: "MADE_SENT",
+		1: "MADE_NOTHING",
+		2: "MADE_OPEN_RECORDED",
+	}
+	Made_value = map[string]int32{
+		"MADE_SENT":          0,
+		"MADE_NOTHING":       1,
+		"MADE_OPEN_RECORDED": 2,
+	}
+)
+
+func (x Made) Enum() *Made {
+	p := new(Made)
+	*p = x
+	return p
+}
+
+func (x Made) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Made) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_weft_v1_options_proto_enumTypes[0].Descriptor()
+}
+
+func (Made) Type() protoreflect.EnumType {
+	return &file_proto_weft_v1_options_proto_enumTypes[0]
+}
+
+func (x Made) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Made.Descriptor instead.
+func (Made) EnumDescriptor() ([]byte, []int) {
+	return file_proto_weft_v1_options_proto_rawDescGZIP(), []int{0}
+}
+
 // Retry is what a client does with a call cut off in flight.
 type Retry int32
 
@@ -62,11 +120,11 @@ func (x Retry) String() string {
 }
 
 func (Retry) Descriptor() protoreflect.EnumDescriptor {
-	return file_proto_weft_v1_options_proto_enumTypes[0].Descriptor()
+	return file_proto_weft_v1_options_proto_enumTypes[1].Descriptor()
 }
 
 func (Retry) Type() protoreflect.EnumType {
-	return &file_proto_weft_v1_options_proto_enumTypes[0]
+	return &file_proto_weft_v1_options_proto_enumTypes[1]
 }
 
 func (x Retry) Number() protoreflect.EnumNumber {
@@ -75,7 +133,7 @@ func (x Retry) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Retry.Descriptor instead.
 func (Retry) EnumDescriptor() ([]byte, []int) {
-	return file_proto_weft_v1_options_proto_rawDescGZIP(), []int{0}
+	return file_proto_weft_v1_options_proto_rawDescGZIP(), []int{1}
 }
 
 // Call declares how weft treats the calls of a method. Every method of the
@@ -120,6 +178,9 @@ type Call struct {
 	// Reply fields naming further inodes the reply lets the session cache,
 	// registered once the call succeeded.
 	ReplyInterest []string `protobuf:"bytes,10,rep,name=reply_interest,json=replyInterest,proto3" json:"reply_interest,omitempty"`
+	// What the call needs of the files the client made under a create
+	// delegation and has not sent yet (client/delegopen.go).
+	Made          Made `protobuf:"varint,11,opt,name=made,proto3,enum=weft.v1.Made" json:"made,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +285,13 @@ func (x *Call) GetReplyInterest() []string {
 	return nil
 }
 
+func (x *Call) GetMade() Made {
+	if x != nil {
+		return x.Made
+	}
+	return Made_MADE_SENT
+}
+
 var file_proto_weft_v1_options_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
@@ -245,7 +313,7 @@ var File_proto_weft_v1_options_proto protoreflect.FileDescriptor
 
 const file_proto_weft_v1_options_proto_rawDesc = "" +
 	"\n" +
-	"\x1bproto/weft/v1/options.proto\x12\aweft.v1\x1a google/protobuf/descriptor.proto\"\x9e\x02\n" +
+	"\x1bproto/weft/v1/options.proto\x12\aweft.v1\x1a google/protobuf/descriptor.proto\"\xc1\x02\n" +
 	"\x04Call\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\bR\x05batch\x12\x16\n" +
 	"\x06urgent\x18\x02 \x01(\bR\x06urgent\x12\x14\n" +
@@ -257,7 +325,12 @@ const file_proto_weft_v1_options_proto_rawDesc = "" +
 	"\aentries\x18\b \x03(\tR\aentries\x12\x1a\n" +
 	"\binterest\x18\t \x03(\tR\binterest\x12%\n" +
 	"\x0ereply_interest\x18\n" +
-	" \x03(\tR\rreplyInterest*?\n" +
+	" \x03(\tR\rreplyInterest\x12!\n" +
+	"\x04made\x18\v \x01(\x0e2\r.weft.v1.MadeR\x04made*?\n" +
+	"\x04Made\x12\r\n" +
+	"\tMADE_SENT\x10\x00\x12\x10\n" +
+	"\fMADE_NOTHING\x10\x01\x12\x16\n" +
+	"\x12MADE_OPEN_RECORDED\x10\x02*?\n" +
 	"\x05Retry\x12\x0e\n" +
 	"\n" +
 	"RETRY_NONE\x10\x00\x12\x10\n" +
@@ -277,22 +350,24 @@ func file_proto_weft_v1_options_proto_rawDescGZIP() []byte {
 	return file_proto_weft_v1_options_proto_rawDescData
 }
 
-var file_proto_weft_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_proto_weft_v1_options_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_proto_weft_v1_options_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_proto_weft_v1_options_proto_goTypes = []any{
-	(Retry)(0),                         // 0: weft.v1.Retry
-	(*Call)(nil),                       // 1: weft.v1.Call
-	(*descriptorpb.MethodOptions)(nil), // 2: google.protobuf.MethodOptions
+	(Made)(0),                          // 0: weft.v1.Made
+	(Retry)(0),                         // 1: weft.v1.Retry
+	(*Call)(nil),                       // 2: weft.v1.Call
+	(*descriptorpb.MethodOptions)(nil), // 3: google.protobuf.MethodOptions
 }
 var file_proto_weft_v1_options_proto_depIdxs = []int32{
-	0, // 0: weft.v1.Call.retry:type_name -> weft.v1.Retry
-	2, // 1: weft.v1.call:extendee -> google.protobuf.MethodOptions
-	1, // 2: weft.v1.call:type_name -> weft.v1.Call
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	2, // [2:3] is the sub-list for extension type_name
-	1, // [1:2] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	1, // 0: weft.v1.Call.retry:type_name -> weft.v1.Retry
+	0, // 1: weft.v1.Call.made:type_name -> weft.v1.Made
+	3, // 2: weft.v1.call:extendee -> google.protobuf.MethodOptions
+	2, // 3: weft.v1.call:type_name -> weft.v1.Call
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	3, // [3:4] is the sub-list for extension type_name
+	2, // [2:3] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_proto_weft_v1_options_proto_init() }
@@ -305,7 +380,7 @@ func file_proto_weft_v1_options_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_weft_v1_options_proto_rawDesc), len(file_proto_weft_v1_options_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   1,
 			NumExtensions: 1,
 			NumServices:   0,
