@@ -193,4 +193,3 @@ func TestMadeFilePermissions(t *testing.T) {
 		})
 	}
 }
-
