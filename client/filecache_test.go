@@ -148,14 +148,23 @@ func TestFileAttrsKeptUnderCallbacks(t *testing.T) {
 	}
 
 	// A listing with attributes (READDIRPLUS) keeps them too.
+	// (A callback about b's create and commit of g may still reach a after
+	// its listing and drop what it kept; the next listing keeps it.)
 	writeFile(t, b, "g", []byte("listed"))
-	if _, _, err := a.ReadDir(ctx, caller, 1, "", true); err != nil {
-		t.Fatal(err)
-	}
-	calls = a.MetaCalls()
-	if g, err := a.Lookup(ctx, caller, 1, "g"); err != nil || g.Size != 6 || a.MetaCalls() != calls {
-		t.Fatalf("lookup of a file listed with its attributes: size %d, err %v, %d meta calls; want 6 and none",
-			g.GetSize(), err, a.MetaCalls()-calls)
+	for try := 1; ; try++ {
+		if _, _, err := a.ReadDir(ctx, caller, 1, "", true); err != nil {
+			t.Fatal(err)
+		}
+		calls = a.MetaCalls()
+		g, err := a.Lookup(ctx, caller, 1, "g")
+		if err == nil && g.Size == 6 && a.MetaCalls() == calls {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("lookup of a file listed with its attributes: size %d, err %v, %d meta calls; want 6 and none",
+				g.GetSize(), err, a.MetaCalls()-calls)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	// Another client's unlink.
