@@ -102,12 +102,12 @@ func TestMetaCallFields(t *testing.T) {
 // a field of the wrong kind is refused.
 func TestResolvePathRefusesMistakes(t *testing.T) {
 	msg := (&CreateManyRequest{}).ProtoReflect().Descriptor()
-	for _, p := range []string{"nope", "session", "files", "files.name", "files.parent.x", "confirmed.x"} {
+	for _, p := range []string{"nope", "session", "files", "files.name", "files.parent.x", "files.ino.x"} {
 		if _, err := resolvePath(msg, p); err == nil {
 			t.Errorf("path %q resolved", p)
 		}
 	}
-	for _, p := range []string{"files.parent", "confirmed"} {
+	for _, p := range []string{"files.parent", "files.ino"} {
 		if _, err := resolvePath(msg, p); err != nil {
 			t.Errorf("path %q: %v", p, err)
 		}
