@@ -150,6 +150,10 @@ const (
 	// madeOpenRecorded: the call may also remove a name of one; they are
 	// sent, and the opens this client holds of them recorded, first.
 	madeOpenRecorded
+	// madeSentEntry: as madeSent, for a call that reads only the entry
+	// it names: removes answered here are sent first only when one
+	// names that entry (Client.Lookup).
+	madeSentEntry
 )
 
 // madeFirst is the one list of what each meta call needs of the files
@@ -158,7 +162,7 @@ const (
 // themselves, and the commits and releases of files the meta service has
 // (a made file's own commit goes with its create, flush.go) need nothing.
 var madeFirst = map[string]madeNeed{
-	"Lookup": madeSent, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
+	"Lookup": madeSentEntry, "GetAttr": madeSent, "SetAttr": madeSent, "Create": madeSent, "Mkdir": madeSent,
 	"Rmdir": madeSent, "Symlink": madeSent, "Readlink": madeSent, "ReadDir": madeSent, "Open": madeSent,
 	"Access": madeSent, "GetXattr": madeSent, "SetXattr": madeSent, "ListXattr": madeSent,
 	"RemoveXattr": madeSent, "GetLayout": madeSent, "SetLayout": madeSent, "GetLock": madeSent, "SetLock": madeSent,
@@ -173,17 +177,21 @@ var madeFirst = map[string]madeNeed{
 }
 
 // beforeCall runs before every call of this client to the meta service:
-// it is where files made here meet every other namespace call. They are
-// at the meta service before anything that could see or change them or
-// their directories, and their opens recorded before anything that
-// could remove a name.
+// it is where files made and removes answered here meet every other
+// namespace call. They are at the meta service before anything that
+// could see or change them or their directories, and the opens of made
+// files recorded before anything that could remove a name. A queued call
+// being sent (queuedSend) needs nothing.
 func (c *Client) beforeCall(ctx context.Context, method string) error {
+	if queuedSend(ctx) {
+		return nil
+	}
 	name := method[strings.LastIndexByte(method, '/')+1:]
 	if clearsFileAttrs[name] && c.dirs.hasFiles() {
 		c.dirs.dropFiles()
 	}
 	d := &c.deleg
-	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
+	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 && d.nRemoves.Load() == 0 {
 		return nil
 	}
 	switch madeFirst[name] {
@@ -192,15 +200,18 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 		return c.registerOpens(ctx)
 	case madeSent:
 		c.sendPending(ctx)
+	case madeSentEntry:
+		c.sendCreates(ctx)
 	}
 	return nil
 }
 
 // afterCall runs when a meta call of this client returned: after a
 // change, kept files' attributes go again, and lookups answered while it
-// was on its way are not kept (they may predate it).
-func (c *Client) afterCall(method string) {
-	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] {
+// was on its way are not kept (they may predate it). A queued remove
+// changed only a file whose attributes went when it was answered.
+func (c *Client) afterCall(ctx context.Context, method string) {
+	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] && !queuedSend(ctx) {
 		c.dirs.dropFiles()
 	}
 }

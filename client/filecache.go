@@ -64,6 +64,23 @@ func (d *dirCache) putFile(dir uint64, name string, a *weftv1.Attr, tok, gen uin
 	if gen != d.fileGen || d.changedLocked(a.Ino, tok) || d.changedLocked(dir, tok) {
 		return
 	}
+	d.putFileLocked(dir, name, a)
+}
+
+// putMade keeps the attributes of a file this client made under a
+// delegation, as the meta service stored it (the answer registered this
+// session's interest in it). Nothing of this client can have changed it
+// meanwhile: its calls about the file wait for the answer.
+func (d *dirCache) putMade(dir uint64, name string, a *weftv1.Attr) {
+	if a == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.putFileLocked(dir, name, a)
+}
+
+func (d *dirCache) putFileLocked(dir uint64, name string, a *weftv1.Attr) {
 	if d.files == nil {
 		d.files = make(map[uint64]*cachedFile)
 		d.entries = make(map[entryKey]uint64)

@@ -95,7 +95,7 @@ type metaConn struct {
 	// delegate.go); nil: nothing.
 	before func(ctx context.Context, method string) error
 	// after, if set, runs when a call returned (whatever its outcome).
-	after func(method string)
+	after func(ctx context.Context, method string)
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
@@ -253,7 +253,7 @@ func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, o
 		}
 	}
 	if m.after != nil {
-		defer m.after(method)
+		defer m.after(ctx, method)
 	}
 	if name, ok := strings.CutPrefix(method, metaMethod); ok && batchMethods[name] && !m.batch.off.Load() {
 		a, aok := args.(proto.Message)

@@ -65,6 +65,9 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 	if a := c.cachedFileAttr(parent, name); a != nil {
 		return c.overlay(a, 0, false), nil
 	}
+	if c.removeQueued(parent, name) {
+		c.sendRemoves(ctx) // else the meta service still has it
+	}
 	tok, track := c.dirToken()
 	gen := c.dirs.fileGeneration()
 	c.countMeta()
@@ -193,12 +196,20 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	return resp.Attr, nil
 }
 
-// Unlink removes the non-directory name from parent.
+// Unlink removes the non-directory name from parent: answered here when
+// this client holds parent's delegation and knows the file
+// (delegremove.go), else by the meta service.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	if c.removeLocal(caller, parent, name) {
+		return nil
+	}
 	tok, track := c.dirToken()
 	c.countMeta()
 	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
+	if err == nil {
+		c.noteCreate(caller, parent) // removes too make the directory worth holding
+	}
 	return err
 }
 
