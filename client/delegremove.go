@@ -89,6 +89,10 @@ func (c *Client) removeLocal(caller *weftv1.Caller, parent uint64, name string) 
 // delegations.
 func (c *Client) LocalRemoves() uint64 { return c.deleg.removed.Load() }
 
+// PendingRemoves reports how many unlinks answered here the meta service
+// has not answered yet.
+func (c *Client) PendingRemoves() int64 { return c.deleg.nRemoves.Load() }
+
 // removeQueued reports whether a remove of name in parent answered here
 // has not been answered by the meta service yet.
 func (c *Client) removeQueued(parent uint64, name string) bool {

@@ -128,6 +128,19 @@ func (d *dirCache) dropAttrsBut(keep ...uint64) {
 	d.mu.Unlock()
 }
 
+// dropAttrsOfEmptyBut forgets the attributes of every directory that may
+// be the one a removal in keep just removed: every one but keep, those
+// with subdirectories (link count over 2) and those known to hold names.
+func (d *dirCache) dropAttrsOfEmptyBut(keep uint64) {
+	d.mu.Lock()
+	for ino, a := range d.attrs {
+		if ino != keep && a.Nlink <= 2 && len(d.dirs[ino]) == 0 {
+			delete(d.attrs, ino)
+		}
+	}
+	d.mu.Unlock()
+}
+
 // dropAll forgets every directory (callbacks may have been missed).
 func (d *dirCache) dropAll() {
 	d.mu.Lock()

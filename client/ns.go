@@ -219,9 +219,11 @@ func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	c.countMeta()
 	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
-	// The removed directory's own attributes are among those cached, under
-	// an inode number this client does not know.
-	c.dirs.dropAttrsBut(parent)
+	if err == nil {
+		// The removed directory's own attributes may be among those
+		// cached, under an inode number this client does not know.
+		c.dirs.dropAttrsOfEmptyBut(parent)
+	}
 	return err
 }
 
