@@ -187,7 +187,7 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 		return nil
 	}
 	name := method[strings.LastIndexByte(method, '/')+1:]
-	if clearsFileAttrs[name] && c.dirs.hasFiles() {
+	if clearsFileAttrs[name] && !keepsFiles(ctx) && c.dirs.hasFiles() {
 		c.dirs.dropFiles()
 	}
 	d := &c.deleg
@@ -208,10 +208,10 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 
 // afterCall runs when a meta call of this client returned: after a
 // change, kept files' attributes go again, and lookups answered while it
-// was on its way are not kept (they may predate it). A queued remove
-// changed only a file whose attributes went when it was answered.
+// was on its way are not kept (they may predate it), unless the caller
+// drops what the call changed itself (keepFiles).
 func (c *Client) afterCall(ctx context.Context, method string) {
-	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] && !queuedSend(ctx) {
+	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] && !keepsFiles(ctx) {
 		c.dirs.dropFiles()
 	}
 }

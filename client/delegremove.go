@@ -42,13 +42,31 @@ type pendingRemove struct {
 }
 
 // queuedSendKey marks the context of a queued call being sent (a remove,
-// a CreateMany): it needs nothing sent first, and it changes no kept
-// file (a removed file's attributes went when the remove was answered; a
-// made file is new), so no kept file's attributes are dropped for it.
+// a CreateMany): it needs nothing sent first, and it changes no kept file
+// (keepFilesKey): a removed file's attributes went when the remove was
+// answered, a made file is new.
 type queuedSendKey struct{}
 
 // queuedSend reports whether ctx is that of a queued call being sent.
 func queuedSend(ctx context.Context) bool { return ctx.Value(queuedSendKey{}) != nil }
+
+// withQueuedSend marks ctx as that of a queued call being sent.
+func withQueuedSend(ctx context.Context) context.Context {
+	return context.WithValue(keepFiles(ctx), queuedSendKey{}, true)
+}
+
+// keepFilesKey marks the context of a call that changes no kept file
+// other than those its caller drops itself: no kept file's attributes
+// are dropped for it (beforeCall, afterCall).
+type keepFilesKey struct{}
+
+// keepFiles marks ctx with keepFilesKey.
+func keepFiles(ctx context.Context) context.Context {
+	return context.WithValue(ctx, keepFilesKey{}, true)
+}
+
+// keepsFiles reports whether ctx is marked with keepFilesKey.
+func keepsFiles(ctx context.Context) bool { return ctx.Value(keepFilesKey{}) != nil }
 
 // removeLocal answers an unlink of name in parent here if this client
 // holds parent's delegation and knows the entry; ok is false when the
@@ -151,7 +169,7 @@ func (c *Client) sendRemoves(ctx context.Context) {
 // on. When they of files made here
 // could not be recorded first, none is sent: each fails.
 func (c *Client) unlinkAll(batch []*pendingRemove) {
-	ctx, cancel := context.WithTimeout(context.WithValue(c.bg, queuedSendKey{}, true), removeSendFor)
+	ctx, cancel := context.WithTimeout(withQueuedSend(c.bg), removeSendFor)
 	defer cancel()
 	regErr := c.registerOpens(ctx)
 	errs := make([]error, len(batch))

@@ -296,7 +296,7 @@ func (c *Client) createMany(batch []*pendingCreate) {
 	var err error
 	deadline := time.Now().Add(createManyRetryFor)
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		ctx, cancel := context.WithDeadline(context.WithValue(c.bg, queuedSendKey{}, true), deadline)
+		ctx, cancel := context.WithDeadline(withQueuedSend(c.bg), deadline)
 		c.countMeta()
 		resp, err = c.meta.CreateMany(ctx, req)
 		cancel()

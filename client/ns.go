@@ -204,9 +204,18 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 		return nil
 	}
 	tok, track := c.dirToken()
+	known := c.dirs.file(parent, name)
+	if known != nil && known.Nlink == 1 {
+		// Only this file changes: its kept attributes go, not all.
+		ctx = keepFiles(ctx)
+		c.dirs.dropFile(known.Ino)
+	}
 	c.countMeta()
 	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
+	if keepsFiles(ctx) {
+		c.dirs.dropFile(known.Ino) // and a lookup's answered meanwhile
+	}
 	if err == nil {
 		c.noteCreate(caller, parent) // removes too make the directory worth holding
 	}
