@@ -10,6 +10,7 @@ import (
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -209,6 +210,11 @@ func (b *batcher) request(calls []*queuedCall) (*weftv1.BatchRequest, []*queuedC
 			continue
 		}
 		call := &weftv1.BatchCall{Method: q.name, Request: body}
+		if md, ok := metadata.FromOutgoingContext(q.ctx); ok {
+			if v := md.Get(sessionHeader); len(v) > 0 {
+				call.Session = v[0] // GetAttr names no session of its own
+			}
+		}
 		if multi && mutating[q.name] {
 			if q.reqID == "" {
 				q.reqID = newRequestID()

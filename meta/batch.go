@@ -117,6 +117,9 @@ func (s *Service) runBatched(ctx context.Context, md metadata.MD, call *weftv1.B
 	if call.RequestId != "" {
 		callMD.Set(mdRequestID, call.RequestId)
 	}
+	if call.Session != "" {
+		callMD.Set(SessionHeader, call.Session)
+	}
 	ctx = metadata.NewIncomingContext(ctx, callMD)
 	dec := func(v any) error {
 		if err := proto.Unmarshal(call.Request, v.(proto.Message)); err != nil {

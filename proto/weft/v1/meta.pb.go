@@ -6614,7 +6614,10 @@ type BatchCall struct {
 	// The call's request id (what the weft-request-id metadata carries for
 	// a call sent alone), so a batch resent to another meta server applies
 	// each call once; empty with a single meta server.
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The session the call was made in, for a call whose request names
+	// none (what the weft-session metadata carries for a call sent alone).
+	Session       string `protobuf:"bytes,4,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6666,6 +6669,13 @@ func (x *BatchCall) GetRequest() []byte {
 func (x *BatchCall) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *BatchCall) GetSession() string {
+	if x != nil {
+		return x.Session
 	}
 	return ""
 }
@@ -7273,12 +7283,13 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"durationMs\x12.\n" +
 	"\x13problems_not_listed\x18\x06 \x01(\x04R\x11problemsNotListed\"8\n" +
 	"\fBatchRequest\x12(\n" +
-	"\x05calls\x18\x01 \x03(\v2\x12.weft.v1.BatchCallR\x05calls\"\\\n" +
+	"\x05calls\x18\x01 \x03(\v2\x12.weft.v1.BatchCallR\x05calls\"v\n" +
 	"\tBatchCall\x12\x16\n" +
 	"\x06method\x18\x01 \x01(\tR\x06method\x12\x18\n" +
 	"\arequest\x18\x02 \x01(\fR\arequest\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\">\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x18\n" +
+	"\asession\x18\x04 \x01(\tR\asession\">\n" +
 	"\rBatchResponse\x12-\n" +
 	"\areplies\x18\x01 \x03(\v2\x13.weft.v1.BatchReplyR\areplies\"@\n" +
 	"\n" +
