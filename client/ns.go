@@ -181,7 +181,7 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	if track && c.delegateAtMkdir(parent, caller) {
 		req.Delegate, req.NoInos = true, c.enoughInos()
 	}
-	resp, err := c.meta.Mkdir(ctx, req)
+	resp, err := c.meta.Mkdir(keepFiles(ctx), req) // no regular file changes
 	c.noteEntry(parent, name, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
@@ -226,7 +226,8 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
 	tok, track := c.dirToken()
 	c.countMeta()
-	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	// No regular file changes: kept files' attributes stay.
+	resp, err := c.meta.Rmdir(keepFiles(ctx), &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
 	if err == nil {
 		// The removed directory's own attributes may be among those
