@@ -148,7 +148,9 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 		}
 	}
 	c.countMeta()
-	resp, err := c.meta.SetAttr(ctx, req)
+	// Only this file changes: its kept attributes go (noteAttrChange),
+	// not all.
+	resp, err := c.meta.SetAttr(keepFiles(ctx), req)
 	c.noteAttrChange(req.Ino)
 	if err != nil {
 		return nil, err
