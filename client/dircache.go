@@ -207,13 +207,13 @@ func (d *dirCache) add(dir uint64, name string, created bool, ctimeNs int64) {
 
 // removeKnown records that this client removed the regular file ino,
 // name in dir, at ctimeNs (answered under a delegation): dir's mtime and
-// ctime became that, the name leaves dir's complete name set and the
-// file's kept attributes go. It does nothing and reports false unless
-// dir is known completely and name is its kept entry for ino.
+// ctime became that, the name leaves dir's complete name set (if dir is
+// known completely) and the file's kept attributes go. It does nothing
+// and reports false unless name is dir's kept entry for ino.
 func (d *dirCache) removeKnown(dir uint64, name string, ino uint64, ctimeNs int64) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.dirs[dir]; !ok || d.entries[entryKey{dir, name}] != ino {
+	if ino == 0 || d.entries[entryKey{dir, name}] != ino {
 		return false
 	}
 	d.seq++
