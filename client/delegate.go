@@ -208,9 +208,20 @@ type delegState struct {
 	nNoXattrs atomic.Int64
 	slots     chan struct{}              // CreateMany calls in flight (capacity maxCreateManyInFlight)
 	inflight  map[chan struct{}]struct{} // closed when their call is answered
-	made      atomic.Uint64              // files made here
-	lastMade  atomic.Int64               // when the last one was made (Unix ns)
-	granted   atomic.Uint64              // grants received
+	// Removes answered here (delegremove.go): queued, their entries
+	// (queued or being sent), batches being sent (closed when
+	// answered), and per directory the first one the meta service
+	// refused, for its next fsync.
+	removes      []*pendingRemove
+	removeNames  map[entryKey]int
+	removeFlight map[chan struct{}]struct{}
+	removeErrs   map[uint64]error
+	nRemoves     atomic.Int64  // queued or being sent
+	nRemoveErrs  atomic.Int64  // len(removeErrs)
+	removed      atomic.Uint64 // removes answered here
+	made         atomic.Uint64 // files made here
+	lastMade     atomic.Int64  // when the last one was made (Unix ns)
+	granted      atomic.Uint64 // grants received
 }
 
 // Delegations reports how many directories this client holds and how

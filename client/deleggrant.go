@@ -10,8 +10,9 @@ import (
 
 // Delegations of directories (asking for them, the grants and their recalls).
 
-// noteCreate counts an answered create in dir and asks for the directory
-// once this client makes files there often and knows its names.
+// noteCreate counts an answered create (or remove) in dir and asks for
+// the directory once this client makes files there often and knows its
+// names.
 func (c *Client) noteCreate(caller *weftv1.Caller, dir uint64) {
 	if c.cfg.Testing.NoDelegations || !c.cb.live.Load() || caller.GetSession() == "" {
 		return

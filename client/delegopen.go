@@ -138,17 +138,21 @@ func (c *Client) registerOpens(ctx context.Context) error {
 }
 
 // beforeCall runs before every call of this client to the meta service:
-// it is where files made here meet every other namespace call. They are
-// at the meta service before anything that could see or change them or
-// their directories, and their opens recorded before anything that
-// could remove a name.
+// it is where files made and removes answered here meet every other
+// namespace call. They are at the meta service before anything that
+// could see or change them or their directories, and the opens of made
+// files recorded before anything that could remove a name. A queued call
+// being sent (queuedSend) needs nothing.
 func (c *Client) beforeCall(ctx context.Context, method string) error {
+	if queuedSend(ctx) {
+		return nil
+	}
 	name := method[strings.LastIndexByte(method, '/')+1:]
-	if clearsFileAttrs[name] && c.dirs.hasFiles() {
+	if clearsFileAttrs[name] && !keepsFiles(ctx) && c.dirs.hasFiles() {
 		c.dirs.dropFiles()
 	}
 	d := &c.deleg
-	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 {
+	if d.waiting.Load() == 0 && d.nUnreg.Load() == 0 && d.nRemoves.Load() == 0 {
 		return nil
 	}
 	// What the call needs of them is its method's (weft.v1.call).made.
@@ -158,15 +162,18 @@ func (c *Client) beforeCall(ctx context.Context, method string) error {
 		return c.registerOpens(ctx)
 	case weftv1.Made_MADE_SENT:
 		c.sendPending(ctx)
+	case weftv1.Made_MADE_SENT_ENTRY:
+		c.sendCreates(ctx)
 	}
 	return nil
 }
 
 // afterCall runs when a meta call of this client returned: after a
 // change, kept files' attributes go again, and lookups answered while it
-// was on its way are not kept (they may predate it).
-func (c *Client) afterCall(method string) {
-	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] {
+// was on its way are not kept (they may predate it), unless the caller
+// drops what the call changed itself (keepFiles).
+func (c *Client) afterCall(ctx context.Context, method string) {
+	if clearsFileAttrs[method[strings.LastIndexByte(method, '/')+1:]] && !keepsFiles(ctx) {
 		c.dirs.dropFiles()
 	}
 }

@@ -14,17 +14,25 @@ import (
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
-// Files made under a delegation and not sent yet (delegate.go) are known
-// to this client only: calls that name them, or promise their names
-// durable, send them first.
+// Files made and removes answered under a delegation and not sent yet
+// (delegate.go, delegremove.go) are known to this client only: calls that
+// name them, or promise their names durable, send them first.
 
-// SyncDir makes the names made in directory dir durable: creates this
-// client made under a delegation and has not sent yet are sent, and it
-// returns once the meta service has answered every create made before
-// the call (fsync of a directory). The first of dir's creates that failed
-// is the error.
+// SyncDir makes the names made and removed in directory dir durable:
+// creates and removes this client answered under a delegation and has not
+// sent yet are sent, and it returns once the meta service has answered
+// every one made before the call (fsync of a directory). The first of
+// dir's removes the meta service refused since the last SyncDir of dir,
+// else the first of its creates that failed, is the error.
 func (c *Client) SyncDir(ctx context.Context, dir uint64) error {
 	d := &c.deleg
+	c.sendRemoves(ctx)
+	if err := c.takeRemoveErr(dir); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
 	if d.waiting.Load() == 0 {
 		return nil
 	}
@@ -57,6 +65,13 @@ func (c *Client) SyncDir(ctx context.Context, dir uint64) error {
 func (c *Client) pendingTimer() {
 	d := &c.deleg
 	d.mu.Lock()
+	if len(d.removes) > 0 {
+		// Removes wait for nothing: they go now, and the creates when
+		// their time comes.
+		d.mu.Unlock()
+		c.sendRemoves(c.bg)
+		d.mu.Lock()
+	}
 	var oldest *pendingCreate
 	for _, p := range d.queue {
 		if p.flushing == 0 && !p.hold {
@@ -66,8 +81,12 @@ func (c *Client) pendingTimer() {
 	}
 	if oldest == nil {
 		// Nothing queued, or only files being flushed: those send
-		// themselves, or arm the timer again (endFlush).
+		// themselves, or arm the timer again (endFlush). Removes queued
+		// meanwhile wait for the next round.
 		d.timer = false
+		if len(d.removes) > 0 {
+			c.armPendingLocked()
+		}
 		d.mu.Unlock()
 		return
 	}
@@ -85,7 +104,7 @@ func (c *Client) pendingTimer() {
 // it is scheduled already.
 func (c *Client) armPendingLocked() {
 	d := &c.deleg
-	if !d.timer && len(d.queue) > 0 {
+	if !d.timer && len(d.queue)+len(d.removes) > 0 {
 		d.timer = true
 		time.AfterFunc(c.createSendDelay(), c.pendingTimer)
 	}
@@ -144,11 +163,20 @@ func (c *Client) awaitCreate(ctx context.Context, p *pendingCreate) error {
 	}
 }
 
-// sendPending sends every queued file (in CreateMany calls, up to
+// sendPending sends every queued remove and file and returns once every
+// one answered here before it was called is answered by the meta service.
+func (c *Client) sendPending(ctx context.Context) {
+	c.sendRemoves(ctx)
+	c.sendCreates(ctx)
+}
+
+// sendCreates sends every queued file (in CreateMany calls, up to
 // maxCreateManyInFlight at once: what queues while they are all out
 // goes in the next) and returns once every file made before it was
-// called is answered (also those of calls already in flight).
-func (c *Client) sendPending(ctx context.Context) {
+// called is answered (also those of calls already in flight). Removes
+// answered here before a file was made go first: the file may take a
+// removed name.
+func (c *Client) sendCreates(ctx context.Context) {
 	d := &c.deleg
 	if d.waiting.Load() == 0 {
 		return
@@ -173,6 +201,15 @@ func (c *Client) sendPending(ctx context.Context) {
 			continue
 		}
 		d.mu.Lock()
+		if len(d.removes)+len(d.removeFlight) > 0 {
+			d.mu.Unlock()
+			<-d.slots
+			if ctx.Err() != nil {
+				return // the callers wait for their files with ctx
+			}
+			c.sendRemoves(ctx)
+			continue
+		}
 		n := min(len(d.queue), maxPendingBatch)
 		if !heldAgain && slices.ContainsFunc(d.queue[:n], func(p *pendingCreate) bool { return p.hold }) {
 			// Held since sendHeldData above (a utimes meanwhile): send
@@ -259,7 +296,7 @@ func (c *Client) createMany(batch []*pendingCreate) {
 	var err error
 	deadline := time.Now().Add(createManyRetryFor)
 	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		ctx, cancel := context.WithDeadline(c.bg, deadline)
+		ctx, cancel := context.WithDeadline(withQueuedSend(c.bg), deadline)
 		c.countMeta()
 		resp, err = c.meta.CreateMany(ctx, req)
 		cancel()
@@ -288,6 +325,10 @@ func (c *Client) createMany(batch []*pendingCreate) {
 				p.nf.Name, p.nf.Parent, r.Error)
 		default:
 			p.attr = resp.Results[i].Attr
+			if c.cb.live.Load() {
+				// Known here now: its unlink may be answered here.
+				c.dirs.putMade(p.nf.Parent, p.nf.Name, p.attr)
+			}
 		}
 		if p.err != nil {
 			c.log.Warn("a file made under a create delegation could not be stored; its next write, read or fsync (and close, once it was written) reports the error",

@@ -128,6 +128,19 @@ func (d *dirCache) dropAttrsBut(keep ...uint64) {
 	d.mu.Unlock()
 }
 
+// dropAttrsOfEmptyBut forgets the attributes of every directory that may
+// be the one a removal in keep just removed: every one but keep, those
+// with subdirectories (link count over 2) and those known to hold names.
+func (d *dirCache) dropAttrsOfEmptyBut(keep uint64) {
+	d.mu.Lock()
+	for ino, a := range d.attrs {
+		if ino != keep && a.Nlink <= 2 && len(d.dirs[ino]) == 0 {
+			delete(d.attrs, ino)
+		}
+	}
+	d.mu.Unlock()
+}
+
 // dropAll forgets every directory (callbacks may have been missed).
 func (d *dirCache) dropAll() {
 	d.mu.Lock()
@@ -186,12 +199,39 @@ func (d *dirCache) add(dir uint64, name string, created bool, ctimeNs int64) {
 	d.ring[d.seq%dirChangeRing] = dirChange{seq: d.seq, dir: dir}
 	if !created {
 		delete(d.attrs, dir) // its nlink, size or times changed
-	} else if a := d.attrs[dir]; a != nil {
-		a = proto.Clone(a).(*weftv1.Attr)
-		a.MtimeNs, a.CtimeNs = ctimeNs, ctimeNs
-		d.attrs[dir] = a
+	} else {
+		d.touchLocked(dir, ctimeNs)
 	}
 	d.setNameLocked(dir, name, true)
+}
+
+// removeKnown records that this client removed the regular file ino,
+// name in dir, at ctimeNs (answered under a delegation): dir's mtime and
+// ctime became that, the name leaves dir's complete name set (if dir is
+// known completely) and the file's kept attributes go. It does nothing
+// and reports false unless name is dir's kept entry for ino.
+func (d *dirCache) removeKnown(dir uint64, name string, ino uint64, ctimeNs int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ino == 0 || d.entries[entryKey{dir, name}] != ino {
+		return false
+	}
+	d.seq++
+	d.ring[d.seq%dirChangeRing] = dirChange{seq: d.seq, dir: dir}
+	d.touchLocked(dir, ctimeNs)
+	d.setNameLocked(dir, name, false)
+	d.dropFileLocked(ino)
+	return true
+}
+
+// touchLocked sets the mtime and ctime of dir's recorded attributes (a
+// copy: readers hold the old one) to timeNs.
+func (d *dirCache) touchLocked(dir uint64, timeNs int64) {
+	if a := d.attrs[dir]; a != nil {
+		a = proto.Clone(a).(*weftv1.Attr)
+		a.MtimeNs, a.CtimeNs = timeNs, timeNs
+		d.attrs[dir] = a
+	}
 }
 
 // setNameLocked adds (added) or removes name in dir's complete name set,

@@ -79,14 +79,20 @@ func (c *Client) Create(ctx context.Context, caller *weftv1.Caller, parent uint6
 	c.opens.replayMu.RLock() // until the file is counted (replay.go)
 	defer c.opens.replayMu.RUnlock()
 	sess := c.Session()
+	tok, track := c.dirToken()
 	c.countMeta()
-	resp, err := c.meta.Create(ctx, &weftv1.CreateRequest{
+	resp, err := c.meta.Create(keepFiles(ctx), &weftv1.CreateRequest{
 		Caller: caller, Parent: parent, Name: name, Mode: mode | syscall.S_IFREG,
 		Exclusive: exclusive, Session: sess, OpenFlags: flags,
 	})
 	if err != nil {
+		c.dirs.dropEntry(parent, name) // it may have been truncated
 		c.noteMade(parent, name, err)
 		return nil, nil, err
+	}
+	c.dirs.dropFile(resp.Attr.GetIno())
+	if track && c.cb.live.Load() {
+		c.dirs.putCreated(parent, name, resp.Attr, tok)
 	}
 	c.noteCreated(parent, name, resp.Created, resp.Attr)
 	if resp.Created {

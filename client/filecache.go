@@ -64,6 +64,54 @@ func (d *dirCache) putFile(dir uint64, name string, a *weftv1.Attr, tok, gen uin
 	if gen != d.fileGen || d.changedLocked(a.Ino, tok) || d.changedLocked(dir, tok) {
 		return
 	}
+	d.putFileLocked(dir, name, a)
+}
+
+// putCreated keeps the attributes of a regular file a Create of this
+// client, started at tok, just made or opened as name in dir (replacing
+// what was kept of it), unless the file changed since (a callback): the
+// answer registered this session's interest in it, and the kernel does
+// not know the file yet, so nothing else of this client can have changed
+// it. A Create changes no other file: it passes keepFiles.
+func (d *dirCache) putCreated(dir uint64, name string, a *weftv1.Attr, tok uint64) {
+	if a == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.changedLocked(a.Ino, tok) {
+		d.putFileLocked(dir, name, a)
+	}
+}
+
+// dropEntry forgets the file kept under name in dir, if any.
+func (d *dirCache) dropEntry(dir uint64, name string) {
+	d.mu.Lock()
+	d.dropEntryLocked(dir, name)
+	d.mu.Unlock()
+}
+
+// dropFile forgets the kept attributes of file ino, if any.
+func (d *dirCache) dropFile(ino uint64) {
+	d.mu.Lock()
+	d.dropFileLocked(ino)
+	d.mu.Unlock()
+}
+
+// putMade keeps the attributes of a file this client made under a
+// delegation, as the meta service stored it (the answer registered this
+// session's interest in it). Nothing of this client can have changed it
+// meanwhile: its calls about the file wait for the answer.
+func (d *dirCache) putMade(dir uint64, name string, a *weftv1.Attr) {
+	if a == nil || a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.putFileLocked(dir, name, a)
+}
+
+func (d *dirCache) putFileLocked(dir uint64, name string, a *weftv1.Attr) {
 	if d.files == nil {
 		d.files = make(map[uint64]*cachedFile)
 		d.entries = make(map[entryKey]uint64)

@@ -192,7 +192,9 @@ func (in *inode) commitLocked(ctx context.Context) error {
 	}
 	if attr == nil {
 		in.c.cb.commits.Add(1)
-		resp, err := in.c.meta.CommitWrite(ctx, &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
+		// Only this file changes: its kept attributes go, not all.
+		resp, err := in.c.meta.CommitWrite(keepFiles(ctx), &weftv1.CommitWriteRequest{Caller: caller, Ino: in.ino, Size: size, MtimeNs: mtime})
+		in.c.noteAttrChange(in.ino)
 		if err != nil {
 			return fmt.Errorf("commit length %d of file %d to the meta service: %w", size, in.ino, err)
 		}

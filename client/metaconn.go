@@ -75,7 +75,7 @@ type metaConn struct {
 	// delegate.go); nil: nothing.
 	before func(ctx context.Context, method string) error
 	// after, if set, runs when a call returned (whatever its outcome).
-	after func(method string)
+	after func(ctx context.Context, method string)
 }
 
 func newMetaConn(addrs []string, wait time.Duration, log *slog.Logger) (*metaConn, error) {
@@ -251,7 +251,7 @@ func (m *metaConn) Invoke(ctx context.Context, method string, args, reply any, o
 		}
 	}
 	if m.after != nil {
-		defer m.after(method)
+		defer m.after(ctx, method)
 	}
 	call := weftv1.MetaCallOf(method)
 	if call.Batch {

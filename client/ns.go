@@ -65,6 +65,9 @@ func (c *Client) Lookup(ctx context.Context, caller *weftv1.Caller, parent uint6
 	if a := c.cachedFileAttr(parent, name); a != nil {
 		return c.overlay(a, 0, false), nil
 	}
+	if c.removeQueued(parent, name) {
+		c.sendRemoves(ctx) // else the meta service still has it
+	}
 	tok, track := c.dirToken()
 	gen := c.dirs.fileGeneration()
 	c.countMeta()
@@ -145,7 +148,9 @@ func (c *Client) SetAttr(ctx context.Context, req *weftv1.SetAttrRequest) (*weft
 		}
 	}
 	c.countMeta()
-	resp, err := c.meta.SetAttr(ctx, req)
+	// Only this file changes: its kept attributes go (noteAttrChange),
+	// not all.
+	resp, err := c.meta.SetAttr(keepFiles(ctx), req)
 	c.noteAttrChange(req.Ino)
 	if err != nil {
 		return nil, err
@@ -178,7 +183,7 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	if track && c.delegateAtMkdir(parent, caller) {
 		req.Delegate, req.NoInos = true, c.enoughInos()
 	}
-	resp, err := c.meta.Mkdir(ctx, req)
+	resp, err := c.meta.Mkdir(keepFiles(ctx), req) // no regular file changes
 	c.noteEntry(parent, name, true, err, resp.GetParent(), tok, track)
 	if err != nil {
 		return nil, err
@@ -193,12 +198,29 @@ func (c *Client) Mkdir(ctx context.Context, caller *weftv1.Caller, parent uint64
 	return resp.Attr, nil
 }
 
-// Unlink removes the non-directory name from parent.
+// Unlink removes the non-directory name from parent: answered here when
+// this client holds parent's delegation and knows the file
+// (delegremove.go), else by the meta service.
 func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
+	if c.removeLocal(caller, parent, name) {
+		return nil
+	}
 	tok, track := c.dirToken()
+	known := c.dirs.file(parent, name)
+	if known != nil && known.Nlink == 1 {
+		// Only this file changes: its kept attributes go, not all.
+		ctx = keepFiles(ctx)
+		c.dirs.dropFile(known.Ino)
+	}
 	c.countMeta()
 	resp, err := c.meta.Unlink(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
+	if keepsFiles(ctx) {
+		c.dirs.dropFile(known.Ino) // and a lookup's answered meanwhile
+	}
+	if err == nil {
+		c.noteCreate(caller, parent) // removes too make the directory worth holding
+	}
 	return err
 }
 
@@ -206,11 +228,14 @@ func (c *Client) Unlink(ctx context.Context, caller *weftv1.Caller, parent uint6
 func (c *Client) Rmdir(ctx context.Context, caller *weftv1.Caller, parent uint64, name string) error {
 	tok, track := c.dirToken()
 	c.countMeta()
-	resp, err := c.meta.Rmdir(ctx, &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
+	// No regular file changes: kept files' attributes stay.
+	resp, err := c.meta.Rmdir(keepFiles(ctx), &weftv1.RemoveRequest{Caller: caller, Parent: parent, Name: name})
 	c.noteEntry(parent, name, false, err, resp.GetParent(), tok, track)
-	// The removed directory's own attributes are among those cached, under
-	// an inode number this client does not know.
-	c.dirs.dropAttrsBut(parent)
+	if err == nil {
+		// The removed directory's own attributes may be among those
+		// cached, under an inode number this client does not know.
+		c.dirs.dropAttrsOfEmptyBut(parent)
+	}
 	return err
 }
 

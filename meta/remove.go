@@ -86,32 +86,24 @@ func (s *Service) Rmdir(ctx context.Context, req *weftv1.RemoveRequest) (*weftv1
 }
 
 // removable loads directory parent and its entry name, checking that c
-// may remove the entry: search and write on the directory and, in a
-// sticky directory, ownership of the directory or the entry.
+// may remove the entry (perm.Caller.CheckRemove).
 func (x *tx) removable(c caller, parent uint64, name, op string) (dir, child *weftv1.Attr, err error) {
 	d, err := x.dir(parent, op)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := c.Check(d, mayExec, op); err != nil {
 		return nil, nil, err
 	}
 	ino, _, ok, err := x.entry(d.Ino, name)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !ok {
-		return nil, nil, fserr.Wrap(syscall.ENOENT, "%s: no such file or directory", op)
+	var a *weftv1.Attr
+	if ok {
+		if a, err = x.inode(ino, op); err != nil {
+			return nil, nil, err
+		}
 	}
-	a, err := x.inode(ino, op)
-	if err != nil {
+	if err := c.CheckRemove(d, a, op); err != nil {
 		return nil, nil, err
-	}
-	if err := c.Check(d, mayWrite, op); err != nil {
-		return nil, nil, err
-	}
-	if !c.StickyAllows(d, a) {
-		return nil, nil, fserr.Wrap(syscall.EPERM, "%s: directory is sticky and uid %d owns neither it nor the entry", op, c.Uid)
 	}
 	return d, a, nil
 }

@@ -1,8 +1,8 @@
 // Package perm holds Linux's permission rules for weft's inodes: who may
-// read, write or search an inode, and what a setattr may change and how.
-// The meta service decides with them; a client applies them to files it
-// made under a create delegation that the meta service does not have yet,
-// so both reach the same answer.
+// read, write or search an inode, remove an entry, and what a setattr may
+// change and how. The meta service decides with them; a client applies
+// them to what it answers under a delegation (files it made that the meta
+// service does not have yet, removes), so both reach the same answer.
 package perm
 
 import (
@@ -94,6 +94,27 @@ func (c Caller) StickyAllows(dir, child *weftv1.Attr) bool {
 		return true
 	}
 	return c.Uid == dir.Uid || c.Uid == child.Uid
+}
+
+// CheckRemove applies Linux's rules for removing the entry child of
+// directory dir (an unlink, rmdir, or the source of a rename): search
+// permission on dir, ENOENT when child is nil (no such entry), then write
+// permission on dir and, in a sticky directory, ownership of dir or
+// child.
+func (c Caller) CheckRemove(dir, child *weftv1.Attr, op string) error {
+	if err := c.Check(dir, MayExec, op); err != nil {
+		return err
+	}
+	if child == nil {
+		return fserr.Wrap(syscall.ENOENT, "%s: no such file or directory", op)
+	}
+	if err := c.Check(dir, MayWrite, op); err != nil {
+		return err
+	}
+	if !c.StickyAllows(dir, child) {
+		return fserr.Wrap(syscall.EPERM, "%s: directory is sticky and uid %d owns neither it nor the entry", op, c.Uid)
+	}
+	return nil
 }
 
 // FileType returns the type bits (S_IFMT) of mode.

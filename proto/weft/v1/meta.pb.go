@@ -7259,9 +7259,9 @@ const file_proto_weft_v1_meta_proto_rawDesc = "" +
 	"XattrFlags\x12\r\n" +
 	"\tXATTR_ANY\x10\x00\x12\x10\n" +
 	"\fXATTR_CREATE\x10\x01\x12\x11\n" +
-	"\rXATTR_REPLACE\x10\x022\xaa\x1b\n" +
-	"\x04Meta\x12]\n" +
-	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\"$\xf2\xbc\x18 \b\x01\x18\x01 \x01:\x06parentJ\x06parentR\battr.ino\x12Y\n" +
+	"\rXATTR_REPLACE\x10\x022\xac\x1b\n" +
+	"\x04Meta\x12_\n" +
+	"\x06Lookup\x12\x16.weft.v1.LookupRequest\x1a\x15.weft.v1.AttrResponse\"&\xf2\xbc\x18\"\b\x01\x18\x01 \x01:\x06parentJ\x06parentR\battr.inoX\x03\x12Y\n" +
 	"\aGetAttr\x12\x17.weft.v1.GetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01\x18\x01 \x01:\x03inoJ\x03inoR\battr.ino\x12Y\n" +
 	"\aSetAttr\x12\x17.weft.v1.SetAttrRequest\x1a\x15.weft.v1.AttrResponse\"\x1e\xf2\xbc\x18\x1a\b\x01 \x020\x01:\x03inoJ\x03inoR\battr.ino\x12_\n" +
 	"\x06Create\x12\x16.weft.v1.CreateRequest\x1a\x17.weft.v1.CreateResponse\"$\xf2\xbc\x18 \b\x01 \x020\x01:\x06parentJ\x06parentR\battr.ino\x12T\n" +

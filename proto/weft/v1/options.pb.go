@@ -37,6 +37,9 @@ const (
 	// They are sent, and the opens the client holds of them recorded,
 	// first: the call may remove a name of one.
 	Made_MADE_OPEN_RECORDED Made = 2
+	// The made files are sent first, and the removes answered here only
+	// when one names the entry the call reads (Lookup does so itself).
+	Made_MADE_SENT_ENTRY Made = 3
 )
 
 // Enum value maps for Made.
@@ -45,11 +48,13 @@ var (
 		0: "MADE_SENT",
 		1: "MADE_NOTHING",
 		2: "MADE_OPEN_RECORDED",
+		3: "MADE_SENT_ENTRY",
 	}
 	Made_value = map[string]int32{
 		"MADE_SENT":          0,
 		"MADE_NOTHING":       1,
 		"MADE_OPEN_RECORDED": 2,
+		"MADE_SENT_ENTRY":    3,
 	}
 )
 
@@ -326,11 +331,12 @@ const file_proto_weft_v1_options_proto_rawDesc = "" +
 	"\binterest\x18\t \x03(\tR\binterest\x12%\n" +
 	"\x0ereply_interest\x18\n" +
 	" \x03(\tR\rreplyInterest\x12!\n" +
-	"\x04made\x18\v \x01(\x0e2\r.weft.v1.MadeR\x04made*?\n" +
+	"\x04made\x18\v \x01(\x0e2\r.weft.v1.MadeR\x04made*T\n" +
 	"\x04Made\x12\r\n" +
 	"\tMADE_SENT\x10\x00\x12\x10\n" +
 	"\fMADE_NOTHING\x10\x01\x12\x16\n" +
-	"\x12MADE_OPEN_RECORDED\x10\x02*?\n" +
+	"\x12MADE_OPEN_RECORDED\x10\x02\x12\x13\n" +
+	"\x0fMADE_SENT_ENTRY\x10\x03*?\n" +
 	"\x05Retry\x12\x0e\n" +
 	"\n" +
 	"RETRY_NONE\x10\x00\x12\x10\n" +
