@@ -381,7 +381,8 @@ func (c *Client) dirComplete(dir, tok uint64, names []string) {
 // knownMissing reports whether name is known not to exist in dir: dir's
 // contents are known completely and callbacks reach this client.
 func (c *Client) knownMissing(dir uint64, name string) bool {
-	if !c.cb.live.Load() || !c.dirs.missing(dir, name) {
+	// A name too long is the meta service's to refuse (ENAMETOOLONG).
+	if len(name) > maxNameLen || !c.cb.live.Load() || !c.dirs.missing(dir, name) {
 		return false
 	}
 	c.dirs.hits.Add(1)

@@ -315,7 +315,9 @@ func TestRemovesAfterCreates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	if err := syncDir(d); err != nil { // the creates are stored: the files are kept here
+		t.Fatal(err)
+	}
 	before := ca.LocalRemoves()
 	for i := range n {
 		if err := os.Remove(filepath.Join(d, fmt.Sprint("f", i))); err != nil {
