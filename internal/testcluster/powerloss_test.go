@@ -285,10 +285,15 @@ func (m *fileModel) check(root string) error {
 type nameModel struct {
 	names    map[string]bool // durable: each change was followed by an fsync of its directory
 	inFlight map[string]bool // the names if the change in flight at the loss was done
-	syncs    int
-	empty    map[string]bool // names of files made empty (their content is not checked)
-	log      []string        // the last changes, for a failure's message
-	frozen   bool            // the power is lost: later acknowledgments do not count
+	// made is the file the change in flight creates, if it is a create
+	// with a write: its create may be stored without its content until
+	// its fsync returns (madeSynced).
+	made       string
+	madeSynced bool
+	syncs      int
+	empty      map[string]bool // names of files made empty (their content is not checked)
+	log        []string        // the last changes, for a failure's message
+	frozen     bool            // the power is lost: later acknowledgments do not count
 }
 
 // run creates, renames, unlinks and makes directories in root/names
@@ -337,7 +342,7 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 		inFlight := func() {
 			mu.Lock()
 			if !m.frozen {
-				m.inFlight = next
+				m.inFlight, m.made, m.madeSynced = next, "", false
 			}
 			mu.Unlock()
 		}
@@ -346,12 +351,22 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 			n := fmt.Sprintf("f%d-%d-%d", rng.IntN(1000), round, i)
 			next[n] = true
 			inFlight()
+			mu.Lock()
+			if !m.frozen {
+				m.made = n
+			}
+			mu.Unlock()
 			var fd int
 			if fd, err = unix.Open(filepath.Join(dir, n), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o644); err == nil {
 				_, err = unix.Write(fd, []byte(n))
 				if err == nil {
 					err = unix.Fsync(fd)
 				}
+				mu.Lock()
+				if err == nil && !m.frozen {
+					m.madeSynced = true
+				}
+				mu.Unlock()
 				if cerr := unix.Close(fd); err == nil {
 					err = cerr
 				}
@@ -406,7 +421,7 @@ func (m *nameModel) run(root string, round int, rng *rand.Rand, mu *sync.Mutex, 
 			mu.Unlock()
 			return nil
 		}
-		m.names, m.inFlight = next, nil
+		m.names, m.inFlight, m.made, m.madeSynced = next, nil, "", false
 		m.syncs++
 		m.log = append(m.log, fmt.Sprintf("%s op %d (%d names)", time.Now().Format("15:04:05.000000"), i, len(next)))
 		if len(m.log) > 5 {
@@ -426,6 +441,9 @@ func (m *nameModel) lost() {
 func (m *nameModel) check(root string) error {
 	entries, err := os.ReadDir(filepath.Join(root, "names"))
 	if errors.Is(err, os.ErrNotExist) && len(m.names) == 0 {
+		// The power went before the directory was made: nothing to
+		// check, and the next round's changes count again.
+		m.inFlight, m.made, m.madeSynced, m.frozen = nil, "", false, false
 		return nil
 	}
 	if err != nil {
@@ -460,20 +478,28 @@ func (m *nameModel) check(root string) error {
 		}
 		return fmt.Errorf("names: %d listed; missing %v, unexpected %v (of the last fsynced state); last: %v", len(got), missing, extra, m.log)
 	}
-	// Files created hold what was written and fsynced (the one whose
-	// create was in flight may be empty).
+	// Files hold what was written and fsynced. The file whose create
+	// was in flight may be empty if its fsync had not returned (its
+	// create may be stored before the length of its write): it is then
+	// an empty file from now on.
 	for _, e := range entries {
 		n := e.Name()
-		if e.IsDir() || !m.names[n] || m.empty[n] {
+		if e.IsDir() || m.empty[n] {
 			continue
 		}
-		if b, err := os.ReadFile(filepath.Join(root, "names", n)); err != nil {
+		b, err := os.ReadFile(filepath.Join(root, "names", n))
+		if err != nil {
 			return fmt.Errorf("read %s: %w", n, err)
-		} else if len(b) == 0 || len(b) > 20 {
+		}
+		if len(b) == 0 && n == m.made && !m.madeSynced {
+			m.empty[n] = true
+			continue
+		}
+		if len(b) == 0 || len(b) > 20 {
 			return fmt.Errorf("%s holds %q", n, b)
 		}
 	}
-	m.names, m.inFlight, m.frozen = got, nil, false
+	m.names, m.inFlight, m.made, m.madeSynced, m.frozen = got, nil, "", false, false
 	return nil
 }
 
