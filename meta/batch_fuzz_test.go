@@ -3,11 +3,9 @@ package meta
 import (
 	"context"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/weft-fs/weft/cluster"
 	weftv1 "github.com/weft-fs/weft/proto/weft/v1"
 )
 
@@ -51,24 +49,8 @@ func FuzzBatchCalls(f *testing.F) {
 	f.Add("Create", []byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Add("", []byte(nil))
 	f.Fuzz(func(t *testing.T, method string, req []byte) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		s, err := Open(ctx, Config{
-			Dir:     t.TempDir(),
-			Cluster: cluster.Config{Logger: quietLogger(), HeartbeatInterval: time.Second, FailureTimeout: 3 * time.Second},
-			Logger:  quietLogger(), SessionLease: time.Minute,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		d, err := s.Mkdir(ctx, &weftv1.MkdirRequest{Caller: root, Parent: rootIno, Name: "d", Mode: 0o755})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Symlink(ctx, &weftv1.SymlinkRequest{Caller: root, Parent: d.Attr.Ino, Name: "f", Target: "t"}); err != nil {
-			t.Fatal(err)
-		}
+		ctx := context.Background()
+		s, _ := fuzzService(t)
 		call := &weftv1.BatchCall{Method: method, Request: req}
 		for _, calls := range [][]*weftv1.BatchCall{{call}, {call, call}} {
 			resp, err := s.Batch(ctx, &weftv1.BatchRequest{Calls: calls})

@@ -54,25 +54,9 @@ func FuzzNamespaceRecords(f *testing.F) {
 		if len(keys) == 0 {
 			return
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		s, err := Open(ctx, Config{
-			Dir:     t.TempDir(),
-			Cluster: cluster.Config{Logger: quietLogger(), HeartbeatInterval: time.Second, FailureTimeout: 3 * time.Second},
-			Logger:  quietLogger(), SessionLease: time.Minute,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		d, err := s.Mkdir(ctx, &weftv1.MkdirRequest{Caller: root, Parent: rootIno, Name: "d", Mode: 0o755})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Symlink(ctx, &weftv1.SymlinkRequest{Caller: root, Parent: d.Attr.Ino, Name: "l", Target: "x"}); err != nil {
-			t.Fatal(err)
-		}
-		err = s.eng.Update(ctx, func(x kv.Txn) error {
+		ctx := context.Background()
+		s, dir := fuzzService(t)
+		err := s.eng.Update(ctx, func(x kv.Txn) error {
 			for i, k := range keys {
 				if err := x.Set(k, values[i]); err != nil {
 					return err
@@ -89,6 +73,32 @@ func FuzzNamespaceRecords(f *testing.F) {
 			s.Fsck(ctx, &weftv1.FsckRequest{Repair: repair})
 		}
 		s.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: root, Ino: rootIno})
-		s.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: root, Ino: d.Attr.Ino})
+		s.ReadDir(ctx, &weftv1.ReadDirRequest{Caller: root, Ino: dir})
 	})
+}
+
+// fuzzService opens a meta service of its own for one fuzz input (the
+// embedded engine, no data servers) with a directory "d" holding a
+// symlink "f", and returns it with the directory's inode number.
+func fuzzService(t *testing.T) (*Service, uint64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := Open(ctx, Config{
+		Dir:     t.TempDir(),
+		Cluster: cluster.Config{Logger: quietLogger(), HeartbeatInterval: time.Second, FailureTimeout: 3 * time.Second},
+		Logger:  quietLogger(), SessionLease: time.Minute,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	d, err := s.Mkdir(ctx, &weftv1.MkdirRequest{Caller: root, Parent: rootIno, Name: "d", Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Symlink(ctx, &weftv1.SymlinkRequest{Caller: root, Parent: d.Attr.Ino, Name: "f", Target: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	return s, d.Attr.Ino
 }

@@ -290,19 +290,7 @@ func newMadeEnv(t *testing.T, a, b string, ca *client.Client, sent bool) *madeEn
 			t.Fatal(err)
 		}
 	}
-	for i := 0; ; i++ {
-		_, made := ca.Delegations()
-		if err := os.WriteFile(e.pa(fmt.Sprint("warm", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if _, now := ca.Delegations(); now > made {
-			break
-		}
-		if i == 50 {
-			t.Fatal("no create delegation of a new directory after 50 creates in it")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDelegated(t, ca, e.a)
 	if err := syncDir(e.a); err != nil {
 		t.Fatal(err)
 	}

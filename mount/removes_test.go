@@ -269,19 +269,7 @@ func newRemoveEnv(t *testing.T, tc *testCluster, ca *client.Client, a, b string)
 	if err := os.Mkdir(e.a, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; ; i++ {
-		_, made := ca.Delegations()
-		if err := os.WriteFile(e.pa(fmt.Sprint("warm", i)), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if _, now := ca.Delegations(); now > made {
-			break
-		}
-		if i == 50 {
-			t.Fatal("no create delegation of a new directory after 50 creates in it")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDelegated(t, ca, e.a)
 	for i := range 5 {
 		if err := os.WriteFile(e.pa(fmt.Sprint("f", i)), []byte(fmt.Sprint("file ", i)), 0o644); err != nil {
 			t.Fatal(err)
@@ -331,4 +319,23 @@ func TestRemovesAfterCreates(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsckClean(t, tc)
+}
+
+// waitDelegated creates empty files "warmN" in dir until the mount of ca
+// makes them under a create delegation of dir (50 at most).
+func waitDelegated(t *testing.T, ca *client.Client, dir string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		_, made := ca.Delegations()
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprint("warm", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, now := ca.Delegations(); now > made {
+			return
+		}
+		if i == 50 {
+			t.Fatal("no create delegation of a new directory after 50 creates in it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
